@@ -1,0 +1,177 @@
+"""Every environment variable Tilesmith reads, in one registry.
+
+Each setting has a name, a default, a parser and a one-line description; ``docs/env_vars.md`` is checked
+against :data:`REGISTRY` by the test suite, so the documentation cannot drift from the code.
+
+Reading a setting never caches: tests and users may change ``os.environ`` between ``compile()`` calls, and
+a :class:`~tilesmith.track.run.Run` snapshots what it needs when it is created.
+
+Errors: an unparsable value raises :class:`tilesmith.errors.SettingsError` (a ``ValueError``) naming the
+variable, the value and the accepted form: a typo must never silently change behaviour.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tilesmith.errors import SettingsError
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One environment variable: its name, default (as text), parser and meaning."""
+
+    name: str
+    default: str | None
+    parse: Callable[[str], Any]
+    description: str
+    secret: bool = False
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in {"1", "true", "yes", "on"}:
+        return True
+    if value in {"0", "false", "no", "off", ""}:
+        return False
+    raise ValueError("expected one of 1/0, true/false, yes/no, on/off")
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or not 0.0 <= value < 1.0:
+        raise ValueError("expected a finite fraction in [0, 1), for example 0.02 for 2 %")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError("expected a positive number of seconds")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise ValueError("expected a positive integer")
+    return value
+
+
+def _text(text: str) -> str:
+    return text
+
+
+def _progress(text: str) -> str:
+    value = text.strip().lower()
+    if value not in {"auto", "on", "off"}:
+        raise ValueError("expected auto, on or off")
+    return value
+
+
+_SETTINGS = (
+    Setting("TILESMITH_MODEL", None, _text,
+            "Optimizer model when compile() gets no agent_model: a model the proxy lists, or "
+            "'tilesmith/builtin' for the built-in agent (no LLM, no keys)."),
+    Setting("TILESMITH_CACHE_DIR", None, _text,
+            "Root of runs/ and the artifact store. Default: $XDG_CACHE_HOME/tilesmith, else "
+            "~/.cache/tilesmith."),
+    Setting("TILESMITH_ALLOW_CPU", "0", _bool,
+            "Test mode: CPU graphs become eligible and the host clock replaces CUDA events, so the "
+            "whole pipeline runs without a GPU. Never meant for real optimization."),
+    Setting("TILESMITH_MIN_IMPROVEMENT", "0.02", _fraction,
+            "Smallest speedup the gate accepts, as a fraction: 0.02 means the candidate must be at "
+            "least 2 % faster in the first measurement and again in the fresh confirmation."),
+    Setting("TILESMITH_DEBUG", "0", _bool,
+            "Keep per-turn structured agent traces under the track's traces/ folder."),
+    Setting("TILESMITH_PROGRESS", "auto", _progress,
+            "Progress display on stderr: auto (only when stderr is a terminal), on or off."),
+    Setting("TILESMITH_WORKER_START_TIMEOUT_S", "180", _positive_float,
+            "Seconds a gate worker may take to start (import torch, create its CUDA context)."),
+    Setting("TILESMITH_WORKER_TIMEOUT_S", "300", _positive_float,
+            "Seconds one gate request (load a candidate, compile its kernels, run all checks or "
+            "all timing samples) may take before the worker is killed and the candidate rejected."),
+    Setting("TILESMITH_TURN_TIMEOUT_S", "1800", _positive_float,
+            "Wall-clock seconds one graph's optimization may take in total; the loop stops after "
+            "the turn that crosses it."),
+    Setting("TILESMITH_MAX_TURNS", "40", _positive_int,
+            "Agent turns per graph before the loop stops (the stop rule when max_model_calls is "
+            "None; each turn ends with the agent's final answer)."),
+    Setting("TILESMITH_CLIPROXYAPI_EXECUTABLE", None, _text,
+            "Path of the CLIProxyAPI binary; else 'cliproxyapi' or 'cli-proxy-api' on PATH."),
+    Setting("TILESMITH_CLIPROXYAPI_AUTH_DIR", None, _text,
+            "CLIProxyAPI auth directory with OAuth account files; default ~/.cli-proxy-api."),
+    Setting("TILESMITH_CLIPROXYAPI_CONFIG", None, _text,
+            "User CLIProxyAPI YAML whose provider and routing sections are copied per run; default "
+            "Homebrew's $(brew --prefix)/etc/cliproxyapi.conf."),
+    Setting("TILESMITH_API_KEY", None, _text,
+            "Key of an OpenAI-compatible endpoint, used with TILESMITH_API_BASE_URL.", secret=True),
+    Setting("TILESMITH_API_BASE_URL", None, _text,
+            "Base URL (with /v1) of the OpenAI-compatible endpoint for TILESMITH_API_KEY."),
+)
+
+REGISTRY: dict[str, Setting] = {}
+for _s in _SETTINGS:
+    if _s.name in REGISTRY:  # pragma: no cover - guards edits to the table above
+        raise RuntimeError(f"duplicate setting {_s.name}")
+    REGISTRY[_s.name] = _s
+
+#: Provider variables converted into the private proxy config (values are secrets, never logged).
+PROVIDER_KEY_VARIABLES = (
+    "OPENAI_API_KEY",
+    "ANTHROPIC_API_KEY",
+    "GEMINI_API_KEY",
+    "GOOGLE_API_KEY",
+    "XAI_API_KEY",
+    "VERTEX_API_KEY",
+    "OPENROUTER_API_KEY",
+    "TILESMITH_API_KEY",
+)
+
+
+def get(name: str, environ: dict[str, str] | None = None) -> Any:
+    """Return the parsed value of setting ``name`` (its default when unset; ``None`` if no default).
+
+    Raises:
+        KeyError: ``name`` is not a registered setting.
+        SettingsError: the variable is set to a value its parser rejects.
+    """
+    setting = REGISTRY[name]
+    env = os.environ if environ is None else environ
+    raw = env.get(name)
+    if raw is None:
+        raw = setting.default
+    if raw is None:
+        return None
+    try:
+        return setting.parse(raw)
+    except ValueError as exc:
+        shown = "<hidden>" if setting.secret else repr(raw)
+        msg = f"{name}={shown} is invalid: {exc}. Unset it to use the default ({setting.default!r})."
+        raise SettingsError(msg) from None
+
+
+def cache_root(environ: dict[str, str] | None = None) -> Path:
+    """Root folder for runs and artifacts.
+
+    Order: ``TILESMITH_CACHE_DIR``; ``$XDG_CACHE_HOME/tilesmith``; ``~/.cache/tilesmith``.
+    """
+    env = os.environ if environ is None else environ
+    explicit = env.get("TILESMITH_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = env.get("XDG_CACHE_HOME")
+    if xdg:
+        return Path(xdg).expanduser() / "tilesmith"
+    return Path.home() / ".cache" / "tilesmith"
+
+
+def secret_values(environ: dict[str, str] | None = None) -> tuple[str, ...]:
+    """Values of every provider-key variable that is set (for secret scans and log redaction)."""
+    env = os.environ if environ is None else environ
+    return tuple(v for k in PROVIDER_KEY_VARIABLES if (v := env.get(k)))
