@@ -1,0 +1,261 @@
+"""Public API: :func:`compile`, :func:`benchmarks`, :func:`diagnostics`, and the ``"tilesmith"`` backend.
+
+``tilesmith.compile`` returns an ordinary ``torch.compile`` callable. Dynamo, AOTAutograd and Inductor
+run as usual; Tilesmith observes each Inductor graph, and at an eligible graph's first real call optimizes
+it (pipeline module docstring). When a required piece is missing it falls back to plain
+``torch.compile(...)`` and leaves a diagnostic naming the piece and how to supply it (spec §1).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+from tilesmith import settings
+from tilesmith.records import BenchmarkRecord, Diagnostic
+
+AGENCY_LEVELS = ("low", "medium", "high")
+
+_RUNS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+_BACKEND_RUNS: dict[tuple[Any, ...], Any] = {}
+_LOCK = threading.Lock()
+
+
+def compile(  # noqa: A001 - mirrors torch.compile on purpose
+    model: Any,
+    example_inputs: tuple[Any, ...] | list[Any] | None = None,
+    agent_model: Any = None,
+    agency: str = "medium",
+    loops: int = 1,
+    max_model_calls: int | None = None,
+    **torch_compile_kwargs: Any,
+) -> Any:
+    """Compile ``model`` with ``torch.compile`` and let Tilesmith optimize its Inductor graphs.
+
+    Args:
+        model: an ``nn.Module`` or function, exactly as ``torch.compile`` takes it.
+        example_inputs: tuple with at least one CUDA tensor (any shapes/dtypes); used to check that the
+            model will run on a GPU. The gate uses the *first real call's* inputs, not these.
+        agent_model: optimizer: a model the private CLIProxyAPI lists (e.g. ``"gpt-5.5"``),
+            ``"tilesmith/builtin"`` for the built-in agent (no LLM, no keys), or an object with
+            ``for_graph``/``close`` (an ``OptimizerFactory``). Overrides ``TILESMITH_MODEL``.
+        agency: ``"low"`` (local tuning inside the existing kernels), ``"medium"`` (may restructure the
+            wrapper, buffers, fusion) or ``"high"`` (may redesign the algorithm).
+        loops: number of accepted optimization cycles per graph (≥ 1).
+        max_model_calls: exact budget of LLM invocations for this run (``None``: no limit).
+        **torch_compile_kwargs: passed to ``torch.compile`` (``mode``, ``options``, ``fullgraph``,
+            ``dynamic``, ``disable``).
+
+    Returns:
+        The ``torch.compile`` callable: same call signature, same outputs, works with ``.backward()``.
+
+    Raises:
+        TypeError: an argument has the wrong type (message names the allowed types).
+        ValueError: ``agency`` not in low/medium/high, ``loops`` < 1, negative ``max_model_calls``, or a
+            ``backend`` keyword (Tilesmith is the backend).
+        tilesmith.errors.SettingsError: an invalid ``TILESMITH_*`` environment value.
+    """
+    import torch
+
+    _validate(example_inputs, agent_model, agency, loops, max_model_calls, torch_compile_kwargs)
+    from tilesmith.pipeline import LiveRun, RunOptions
+
+    chosen = agent_model if agent_model is not None else settings.get("TILESMITH_MODEL")
+    allow_cpu = settings.get("TILESMITH_ALLOW_CPU")
+    options = RunOptions(agent_model=chosen, agency=agency, loops=loops, max_model_calls=max_model_calls,
+                         allow_cpu=allow_cpu, min_improvement=settings.get("TILESMITH_MIN_IMPROVEMENT"),
+                         compile_mode=torch_compile_kwargs.get("mode"))
+    run = LiveRun(options)
+    missing = _missing_piece(example_inputs, chosen, allow_cpu)
+    if missing is not None:
+        compiled = torch.compile(model, **torch_compile_kwargs)
+        run.diagnose(*missing)
+    else:
+        if allow_cpu:
+            from tilesmith._compat import fast_cpu_isa_probe
+
+            fast_cpu_isa_probe()
+        from tilesmith.capture.backend import TilesmithBackend
+
+        compiled = torch.compile(model, backend=TilesmithBackend(run.on_compiled), **torch_compile_kwargs)
+    _register(compiled, run)
+    return compiled
+
+
+def benchmarks(model: Any) -> tuple[BenchmarkRecord, ...]:
+    """Inductor-vs-Tilesmith records, one per installed graph of ``model`` (a ``tilesmith.compile`` result).
+
+    Empty before the first call, after a fallback, and for objects Tilesmith did not compile. Times are in
+    milliseconds per call, measured by the host gate's confirmation (paired samples, median of ratios).
+    """
+    run = _run_of(model)
+    return tuple(run.benchmarks) if run is not None else ()
+
+
+def diagnostics(model: Any) -> tuple[Diagnostic, ...]:
+    """Why graphs of ``model`` were or were not optimized (``kind``, ``message``, graph key and name)."""
+    run = _run_of(model)
+    return tuple(run.diagnostics) if run is not None else ()
+
+
+def tilesmith_backend(gm: Any, example_inputs: Any, mode: str | None = None,
+                      options: dict[str, Any] | None = None) -> Any:
+    """The ``torch.compile(model, backend="tilesmith")`` entry point (registered as an entry point).
+
+    Tilesmith settings may be given in ``options`` as ``agent_model``, ``agency``, ``loops``,
+    ``max_model_calls`` (the rest are Inductor options). Graphs compiled with the same settings share one
+    run; ``tilesmith.diagnostics(m)``/``benchmarks(m)`` find it from the compiled module.
+    """
+    from tilesmith.capture.backend import TilesmithBackend
+    from tilesmith.pipeline import LiveRun, RunOptions
+
+    opts = dict(options or {})
+    chosen = opts.get("agent_model") or settings.get("TILESMITH_MODEL")
+    agency, loops, budget = opts.get("agency", "medium"), opts.get("loops", 1), opts.get("max_model_calls")
+    _validate(None, chosen, agency, loops, budget, {})
+    key = _backend_key(mode, opts)
+    with _LOCK:
+        run = _BACKEND_RUNS.get(key)
+        if run is None:
+            allow_cpu = settings.get("TILESMITH_ALLOW_CPU")
+            run = LiveRun(RunOptions(agent_model=chosen, agency=agency, loops=loops, max_model_calls=budget,
+                                     allow_cpu=allow_cpu, min_improvement=settings.get("TILESMITH_MIN_IMPROVEMENT"),
+                                     compile_mode=mode))
+            missing = _missing_piece(None, chosen, allow_cpu, check_inputs=False)
+            if missing is not None:
+                run.diagnose(*missing)
+            _BACKEND_RUNS[key] = run
+    if run.diagnostics and run.diagnostics[0].kind in _FALLBACK_KINDS:
+        return TilesmithBackend(lambda *a: None)(gm, example_inputs, mode=mode, options=opts)
+    return TilesmithBackend(run.on_compiled)(gm, example_inputs, mode=mode, options=opts)
+
+
+# -- validation and fallback ----------------------------------------------------------------------------
+
+_FALLBACK_KINDS = {"missing_example_inputs", "no_cuda_device", "missing_model", "missing_proxy",
+                   "missing_credentials"}
+
+
+def _validate(example_inputs: Any, agent_model: Any, agency: Any, loops: Any, max_model_calls: Any,
+              torch_compile_kwargs: dict[str, Any]) -> None:
+    from tilesmith.agent import is_factory
+
+    if example_inputs is not None and not isinstance(example_inputs, tuple | list):
+        msg = f"example_inputs must be a tuple of tensors (or None), got {type(example_inputs).__name__}"
+        raise TypeError(msg)
+    if agent_model is not None and not isinstance(agent_model, str) and not is_factory(agent_model):
+        msg = ("agent_model must be a model name (str), 'tilesmith/builtin', or an OptimizerFactory, "
+               f"got {type(agent_model).__name__}")
+        raise TypeError(msg)
+    if isinstance(agent_model, str) and not agent_model.strip():
+        msg = "agent_model must not be empty: give a model the proxy lists, or 'tilesmith/builtin'"
+        raise ValueError(msg)
+    if not isinstance(agency, str):
+        msg = f"agency must be one of {AGENCY_LEVELS}, got {type(agency).__name__}"
+        raise TypeError(msg)
+    if agency not in AGENCY_LEVELS:
+        msg = f"agency must be one of {AGENCY_LEVELS}, got {agency!r}"
+        raise ValueError(msg)
+    if isinstance(loops, bool) or not isinstance(loops, int):
+        msg = f"loops must be an int >= 1 (accepted optimization cycles), got {type(loops).__name__}"
+        raise TypeError(msg)
+    if loops < 1:
+        msg = f"loops must be >= 1 (accepted optimization cycles), got {loops}"
+        raise ValueError(msg)
+    if max_model_calls is not None:
+        if isinstance(max_model_calls, bool) or not isinstance(max_model_calls, int):
+            msg = f"max_model_calls must be None (no limit) or an int >= 0, got {type(max_model_calls).__name__}"
+            raise TypeError(msg)
+        if max_model_calls < 0:
+            msg = f"max_model_calls must be None (no limit) or an int >= 0, got {max_model_calls}"
+            raise ValueError(msg)
+    if "backend" in torch_compile_kwargs:
+        msg = ("tilesmith.compile does not take backend=: Tilesmith is the backend (it wraps Inductor). "
+               "Use torch.compile(model, backend='tilesmith') for the registered backend instead.")
+        raise ValueError(msg)
+
+
+def _missing_piece(example_inputs: Any, model: Any, allow_cpu: bool, *, check_inputs: bool = True
+                   ) -> tuple[str, str] | None:
+    """``(kind, message)`` for the first missing piece, in spec §1 order, or ``None`` when all are there."""
+    import torch
+
+    from tilesmith.agent import BUILTIN_MODEL, is_factory
+
+    if check_inputs:
+        if not example_inputs:
+            return ("missing_example_inputs", "tilesmith.compile got no example_inputs, so it cannot tell that "
+                    "the model runs on a GPU; using plain torch.compile. Remedy: pass "
+                    "example_inputs=(x,) with at least one CUDA tensor.")
+        tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
+        devices = {t.device.type for t in tensors}
+        if "cuda" not in devices and not (allow_cpu and devices):
+            cuda = "CUDA is available" if torch.cuda.is_available() else "this machine has no CUDA device"
+            return ("no_cuda_device", f"example_inputs hold no CUDA tensor (devices: {sorted(devices) or 'none'}; "
+                    f"{cuda}); Tilesmith optimizes CUDA graphs, so this is plain torch.compile. Remedy: move "
+                    "the model and inputs to a CUDA device (TILESMITH_ALLOW_CPU=1 is a test mode only).")
+    if model is None:
+        return ("missing_model", "no optimizer model was chosen; using plain torch.compile. Remedy: pass "
+                "agent_model='<model the proxy lists>' or set TILESMITH_MODEL, or use "
+                f"agent_model='{BUILTIN_MODEL}' for the built-in agent (no LLM, no keys).")
+    if is_factory(model) or model == BUILTIN_MODEL:
+        return None
+    try:
+        from tilesmith.agent.llm import check_availability
+    except ImportError as exc:  # the agent stack (deepagents, langchain-openai) is not installed
+        return ("missing_proxy", f"the LLM agent stack cannot be imported ({exc}); using plain torch.compile. "
+                "Remedy: pip install 'tilesmith-ai' with its dependencies, or use "
+                f"agent_model='{BUILTIN_MODEL}'.")
+    availability = check_availability(model)
+    if not availability.ok:
+        return (availability.kind, availability.message)
+    return None
+
+
+# -- finding a model's run ------------------------------------------------------------------------------
+
+def _register(compiled: Any, run: Any) -> None:
+    try:
+        _RUNS[compiled] = run
+        weakref.finalize(compiled, run.close)
+    except TypeError:  # not weak-referenceable: keep it alive with the object instead
+        setattr(compiled, "_tilesmith_run", run)
+
+
+def _run_of(model: Any) -> Any:
+    try:
+        run = _RUNS.get(model)
+    except TypeError:
+        run = None
+    if run is None:
+        run = getattr(model, "_tilesmith_run", None)
+    if run is None:
+        run = _backend_run_of(model)
+    return run
+
+
+def _backend_key(mode: str | None, options: dict[str, Any]) -> tuple[Any, ...]:
+    return (mode, tuple(sorted((k, repr(v)) for k, v in options.items())))
+
+
+def _backend_run_of(model: Any) -> Any:
+    """The run of a ``torch.compile(m, backend="tilesmith", ...)`` result, found through Dynamo's wrappers."""
+    seen: set[int] = set()
+    frontier = [getattr(model, "dynamo_ctx", None), model]
+    for _ in range(12):
+        nxt = []
+        for obj in frontier:
+            if obj is None or id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            if getattr(obj, "compiler_fn", None) is not None and getattr(obj, "kwargs", None) is not None:
+                fn = obj.compiler_fn
+                if getattr(fn, "__name__", "") == "tilesmith_backend":
+                    kwargs = obj.kwargs
+                    return _BACKEND_RUNS.get(_backend_key(kwargs.get("mode"), dict(kwargs.get("options") or {})))
+            for attr in ("callback", "_torchdynamo_orig_backend", "_torchdynamo_orig_callable", "compiler_fn",
+                         "_inner_convert", "unconfigured_compiler_fn", "dynamo_ctx"):
+                nxt.append(getattr(obj, attr, None))
+        frontier = nxt
+    return None

@@ -1,0 +1,117 @@
+"""Which Inductor graphs Tilesmith optimizes, and a stable diagnostic ``kind`` for each refusal.
+
+Eligible (spec §2): a raw single-GPU CUDA Python wrapper, whatever it embeds (Triton kernels, CUDA
+templates, extern calls). Refused, each with the kind below and a message naming the graph and the remedy:
+
+==================  ==========================================================================
+kind                when
+==================  ==========================================================================
+empty_graph         Inductor returned a plain function (the graph has no calls to compile)
+already_wrapped     AOTInductor, ``cpp_wrapper``, CUDA graphs / ``reduce-overhead``, or a wrapper
+                    Tilesmith already replaced
+dynamic_shapes      a SymInt/symbolic size among the inputs, or Inductor recorded shape guards
+mixed_devices       more than one device type in one graph
+multiple_gpus       more than one CUDA device index in one graph
+input_mutation      the graph mutates its inputs (``mutated_input_idxs`` non-empty)
+no_cuda_device      a CPU-only graph (eligible only in test mode, ``TILESMITH_ALLOW_CPU=1``)
+unsupported_device  any other device type (xpu, mps, …)
+==================  ==========================================================================
+
+Detection follows research/inductor.md §3 (all fields read with ``getattr`` defaults).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tilesmith.capture.source import is_tilesmith_source
+
+_PROGRAM = "tilesmith.compile"
+
+
+def refusal(compiled: Any, example_inputs: Any, kwargs: dict[str, Any], *, allow_cpu: bool,
+            label: str) -> tuple[str, str] | None:
+    """Return ``(kind, message)`` when ``compiled`` must stay on ordinary Inductor, else ``None``.
+
+    Args:
+        compiled: what ``compile_fx_inner`` returned (a ``CompiledFxGraph`` when eligible).
+        example_inputs: the (fake) inputs ``inner_compile`` received.
+        kwargs: the ``inner_compile`` keyword arguments (``cudagraphs``, ``cpp_wrapper`` …).
+        allow_cpu: ``TILESMITH_ALLOW_CPU`` (CPU graphs become eligible; test mode).
+        label: how messages name the graph (its name and, when known, cache-key prefix).
+    """
+    from tilesmith._compat import compiled_fx_graph_type
+
+    cfx = compiled_fx_graph_type()
+    if cfx is None or not isinstance(compiled, cfx):
+        if type(compiled).__name__ == "CompiledAOTI" or kwargs.get("aot_mode"):
+            return ("already_wrapped",
+                    f"graph {label} is an AOTInductor artifact; Tilesmith optimizes Python wrappers only. "
+                    f"Remedy: use {_PROGRAM} (or torch.compile) without AOTInductor for this model.")
+        return ("empty_graph",
+                f"graph {label} has no operations for Inductor to compile (it returned a plain function); "
+                "nothing to optimize.")
+    source = str(getattr(compiled, "source_code", "") or "")
+    wrapped = _wrapped_reason(compiled, source, kwargs)
+    if wrapped:
+        return ("already_wrapped", f"graph {label} is already wrapped ({wrapped}); it stays on Inductor. "
+                "Remedy: compile without mode='reduce-overhead'/'max-autotune' CUDA graphs and without "
+                "cpp_wrapper (e.g. mode='max-autotune-no-cudagraphs') to let Tilesmith optimize it.")
+    if _is_dynamic(compiled, example_inputs):
+        return ("dynamic_shapes", f"graph {label} has dynamic shapes (symbolic sizes among its inputs); "
+                "Tilesmith optimizes static-shape graphs only. Remedy: compile with dynamic=False, or "
+                "avoid torch._dynamo.mark_dynamic, so each shape gets its own static graph.")
+    device_types = sorted(str(d) for d in (getattr(compiled, "device_types", None) or ()))
+    if len(device_types) > 1:
+        return ("mixed_devices", f"graph {label} mixes devices {device_types}; Tilesmith optimizes "
+                "single-device graphs. Remedy: move every input of this region to one CUDA device.")
+    device_idxs = sorted(int(i) for i in (getattr(compiled, "device_idxs", None) or ()))
+    if len(device_idxs) > 1:
+        return ("multiple_gpus", f"graph {label} spans CUDA devices {device_idxs}; Tilesmith optimizes "
+                "single-GPU graphs. Remedy: keep each compiled region on one GPU.")
+    mutated = sorted(int(i) for i in (getattr(compiled, "mutated_input_idxs", None) or ()))
+    if mutated:
+        return ("input_mutation", f"graph {label} mutates its inputs at indices {mutated} (e.g. in-place "
+                "updates or BatchNorm running stats); it stays on Inductor. Remedy: move the in-place "
+                "update out of the compiled region, or use eval() mode for BatchNorm inference.")
+    device = device_types[0] if device_types else "cpu"
+    if device == "cpu" and not allow_cpu:
+        return ("no_cuda_device", f"graph {label} runs on the CPU; Tilesmith optimizes CUDA graphs. "
+                "Remedy: pass CUDA tensors (and a CUDA model); TILESMITH_ALLOW_CPU=1 enables the CPU test "
+                "mode, which is for testing Tilesmith only.")
+    if device not in {"cuda", "cpu"}:
+        return ("unsupported_device", f"graph {label} runs on '{device}'; Tilesmith optimizes CUDA "
+                "graphs only. Remedy: run this model on an NVIDIA GPU.")
+    return None
+
+
+def _wrapped_reason(compiled: Any, source: str, kwargs: dict[str, Any]) -> str | None:
+    if kwargs.get("cpp_wrapper") or "cpp_wrapper_src" in source:
+        return "cpp_wrapper"
+    if kwargs.get("aot_mode"):
+        return "AOTInductor"
+    if bool(kwargs.get("cudagraphs")) or getattr(compiled, "cudagraph_info", None) is not None:
+        return "CUDA graphs (mode='reduce-overhead' or triton.cudagraphs)"
+    if is_tilesmith_source(source) or getattr(compiled, "_tilesmith_handle", None) is not None:
+        return "a wrapper Tilesmith already replaced"
+    return None
+
+
+def _is_dynamic(compiled: Any, example_inputs: Any) -> bool:
+    import torch
+
+    if getattr(compiled, "guards_expr", None):
+        return True
+    for value in example_inputs or ():
+        if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
+            return True
+        if isinstance(value, torch.Tensor):
+            try:
+                from torch._inductor.utils import any_is_symbolic
+
+                if any_is_symbolic(value):
+                    return True
+            except Exception:  # noqa: BLE001
+                if any(isinstance(s, torch.SymInt) for s in (*value.shape, *value.stride())):
+                    return True
+    return False

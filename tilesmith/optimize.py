@@ -1,0 +1,245 @@
+"""Optimize one graph at its first call: snapshot → cache → optimizer + gate → install.
+
+Called by :meth:`tilesmith.pipeline.LiveRun.optimize` with the graph's fresh track. Every outcome ends in
+``track.json``'s ``status`` (``installed``, ``cache_hit`` or ``kept_inductor``) and, unless installed from
+the optimizer, a diagnostic saying why.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any
+
+from tilesmith import settings
+from tilesmith.install.loader import entry_point, load_wrapper, swap
+from tilesmith.records import BenchmarkRecord, Candidate, Timing, Verdict
+from tilesmith.session import GraphSession
+from tilesmith.track import snapshot
+from tilesmith.track.run import Track
+
+log = logging.getLogger("tilesmith")
+
+
+def optimize_graph(run: Any, handle: Any, track: Track, inputs: list[Any]) -> None:
+    """Run the stages for ``handle``'s graph; ``inputs`` are copies of its first call's inputs."""
+    import torch
+
+    label = track.label
+    odd = sorted(k for k, v in handle.constants.items() if not isinstance(v, torch.Tensor))
+    if odd:
+        _keep(run, track, "unsupported_constants", f"graph {label} has non-tensor module constants {odd} "
+              "that cannot be handed to an isolated worker; it stays on Inductor.")
+        return
+    progress = _progress()
+    started = time.monotonic()
+    snap = snapshot.new_snapshot_dir(label)
+    gate = None
+    try:
+        snapshot.write_snapshot(snap, inputs, handle.constants)
+        inputs.clear()  # the snapshot holds them now; free device memory before workers start
+        from tilesmith.gate import Gate, GateProblem
+
+        problem = GateProblem(label=label, graph=handle.graph, snapshot_dir=snap,
+                              original_source=handle.graph.canonical_source)
+        gate = Gate(problem, reference=handle.original, min_improvement=run.options.min_improvement,
+                    profiles_dir=track.profiles)
+        if progress:
+            progress.graph_started(label)
+        if _from_cache(run, handle, track, gate):
+            outcome = "cache hit installed"
+        else:
+            outcome = _run_optimizer(run, handle, track, gate, progress)
+        if progress:
+            progress.graph_finished(label, outcome)
+        log.info("tilesmith: graph %s: %s after %.1f s", label, outcome, time.monotonic() - started)
+    finally:
+        if gate is not None:
+            gate.close()
+        snapshot.remove(snap)
+
+
+def _run_optimizer(run: Any, handle: Any, track: Track, gate: Any, progress: Any) -> str:
+    try:
+        factory = run.optimizer_factory()
+    except Exception as exc:  # noqa: BLE001 - e.g. the proxy failed to start
+        diagnostic = getattr(exc, "diagnostic", None)
+        kind = getattr(diagnostic, "kind", None) or "optimizer_unavailable"
+        message = getattr(diagnostic, "message", None) or f"{type(exc).__name__}: {exc}"
+        _keep(run, track, kind, f"graph {track.label}: {message}")
+        return "optimizer unavailable"
+    calls = getattr(factory, "calls_used", None)
+    session = GraphSession(track, gate, agency=run.options.agency, loops=run.options.loops,
+                           on_diagnostic=run.record_diagnostic, progress=progress, calls_used=calls)
+    try:
+        optimizer = factory.for_graph(session)
+        optimizer.optimize(session)
+    except Exception as exc:  # noqa: BLE001
+        diagnostic = getattr(exc, "diagnostic", None)
+        if diagnostic is not None:
+            _keep(run, track, diagnostic.kind, f"graph {track.label}: {diagnostic.message}")
+            return diagnostic.kind
+        log.exception("tilesmith: optimizer failed on %s", track.label)
+        session.note("optimizer_error", f"the optimizer raised {type(exc).__name__}: {exc}")
+    if session.incumbent is None or session.incumbent_verdict is None:
+        _keep(run, track, "no_improvement", _no_win_message(session))
+        return "kept Inductor"
+    record = install(run, handle, track, session.incumbent, session.incumbent_verdict, source="optimizer",
+                     loops=session.accepted_loops)
+    if record is not None:
+        _store_artifact(run, track, session.incumbent, session.incumbent_verdict, record)
+    return "installed" if record else "install failed"
+
+
+def install(run: Any, handle: Any, track: Track, candidate: Candidate, verdict: Verdict, *, source: str,
+            loops: int) -> BenchmarkRecord | None:
+    """Load ``candidate`` in the user's process, swap it in and record its benchmark."""
+    try:
+        module = load_wrapper(candidate.source, handle.constants)
+        fn = entry_point(module, handle.graph.inputs_to_check, handle.graph.mutated_input_idxs)
+    except Exception as exc:  # noqa: BLE001
+        _keep(run, track, "install_failed", f"graph {track.label}: the accepted candidate failed to load in "
+              f"the host ({type(exc).__name__}: {exc}); the graph stays on Inductor.")
+        return None
+    swap(handle.compiled, fn)
+    handle.state = "installed"
+    record = benchmark_record(run, handle, track, verdict, source=source, loops=loops)
+    with run._lock:
+        run.benchmarks.append(record)
+    track.update(status="cache_hit" if source == "cache" else "installed", benchmark=_record_json(record))
+    return record
+
+
+def benchmark_record(run: Any, handle: Any, track: Track, verdict: Verdict, *, source: str,
+                     loops: int) -> BenchmarkRecord:
+    """Inductor-vs-Tilesmith numbers from the confirmation's paired samples (host-computed)."""
+    timing: Timing = verdict.confirmation or verdict.timing  # type: ignore[assignment]
+    if timing.original_ms:
+        inductor_ms = _median(timing.original_ms)
+        speedup = timing.speedup_vs_original or inductor_ms / timing.candidate_median_ms
+        ci = tuple(getattr(timing, "speedup_vs_original_ci", None) or (math.nan, math.nan))
+    else:
+        inductor_ms = timing.baseline_median_ms
+        speedup, ci = timing.speedup, (timing.ci_low, timing.ci_high)
+    floor = _roofline(run, handle)
+    return BenchmarkRecord(
+        graph_key=track.key, graph_name=handle.graph.name, kind=handle.graph.kind,
+        torch_inductor_ms=inductor_ms, tilesmith_ms=timing.candidate_median_ms, speedup=speedup,
+        speedup_ci=(float(ci[0]), float(ci[1])), source=source, loops_accepted=loops,
+        track_dir=str(track.folder), roofline_floor_ms=floor.floor_ms if floor else None, roofline=floor,
+        method=timing.method)
+
+
+def _from_cache(run: Any, handle: Any, track: Track, gate: Any) -> bool:
+    """Install a validated artifact for this exact key after re-checking it on this run's inputs."""
+    try:
+        from tilesmith.cache import ArtifactStore
+    except ImportError:
+        return False
+    try:
+        store = ArtifactStore(settings.cache_root())
+        artifact = store.get(track.key)
+    except Exception as exc:  # noqa: BLE001 - a broken store degrades to no caching
+        run.diagnose("cache_error", f"graph {track.label}: artifact cache unreadable ({exc}); optimizing "
+                     "as usual.", track.key, handle.graph.name)
+        return False
+    if artifact is None:
+        return False
+    candidate = Candidate(source=artifact.source, proposer="cache", note=f"artifact {track.key[:8]}")
+    verdict = gate.recheck(candidate)
+    if not verdict.accepted:
+        run.diagnose("cache_recheck_failed", f"graph {track.label}: the cached artifact failed its re-check "
+                     f"on this run's inputs ({verdict.summary()}); optimizing as usual.", track.key,
+                     handle.graph.name)
+        return False
+    try:
+        store.write_cache_json(track.folder, track.key, artifact)
+    except Exception:  # noqa: BLE001
+        log.debug("tilesmith: writing cache.json failed", exc_info=True)
+    if verdict.timing is None and verdict.confirmation is None:
+        verdict = _verdict_from_artifact(verdict, artifact)
+    record = install(run, handle, track, candidate, verdict, source="cache", loops=0)
+    if record is not None:
+        run.diagnose("cache_hit", f"graph {track.label}: installed validated artifact {track.key[:12]} "
+                     f"without running the optimizer (re-checked on this run's inputs).", track.key,
+                     handle.graph.name)
+    return record is not None
+
+
+def _store_artifact(run: Any, track: Track, candidate: Candidate, verdict: Verdict,
+                    record: BenchmarkRecord) -> None:
+    try:
+        from tilesmith.cache import Artifact, ArtifactStore
+    except ImportError:
+        return
+    try:
+        reports = tuple(p.read_text(encoding="utf-8") for p in sorted(track.profiles.glob("*.json")))
+        artifact = Artifact(source=candidate.source, reports=reports, speedup=record.speedup,
+                            speedup_ci=record.speedup_ci, torch_inductor_ms=record.torch_inductor_ms,
+                            tilesmith_ms=record.tilesmith_ms, environment=run.versions(),
+                            graph_name=record.graph_name)
+        ArtifactStore(settings.cache_root()).put(track.key, artifact)
+    except Exception as exc:  # noqa: BLE001
+        run.diagnose("cache_error", f"graph {track.label}: could not store the artifact ({exc}); the "
+                     "installed graph is unaffected.", track.key, record.graph_name)
+
+
+def _verdict_from_artifact(verdict: Verdict, artifact: Any) -> Verdict:
+    """A verdict carrying the artifact's stored numbers when the re-check did not re-time (too costly)."""
+    lo, hi = artifact.speedup_ci
+    timing = Timing(method="cuda_event", calls_per_sample=1, baseline_ms=(artifact.torch_inductor_ms,),
+                    candidate_ms=(artifact.tilesmith_ms,), speedup=artifact.speedup, ci_low=lo, ci_high=hi)
+    return Verdict(accepted=True, status="accepted", reasons=verdict.reasons, timing=timing,
+                   report_path=verdict.report_path, evaluation_id=verdict.evaluation_id)
+
+
+def _keep(run: Any, track: Track, kind: str, message: str) -> None:
+    diagnostic = run.diagnose(kind, message, track.key, track.graph.name)
+    track.add_diagnostic(diagnostic)
+    track.update(status="kept_inductor")
+
+
+def _no_win_message(session: GraphSession) -> str:
+    stop = session.stop_reason() or "the optimizer had nothing more to propose"
+    rejected = [v for v in session.verdicts if not v.accepted]
+    tail = ""
+    if rejected:
+        last = rejected[-1]
+        tail = f"; last verdict: {last.summary()}"
+    return (f"graph {session.track.label}: no candidate passed the gate after {session.turns_used} turns and "
+            f"{len(session.verdicts)} evaluations ({stop}){tail}. The graph stays on Inductor.")
+
+
+def _roofline(run: Any, handle: Any) -> Any:
+    if not handle.graph.device.startswith("cuda"):
+        return None
+    try:
+        from tilesmith.roofline import measure_device_limits, roofline_floor
+
+        return roofline_floor(handle.graph, measure_device_limits(handle.graph.device))
+    except Exception:  # noqa: BLE001 - the floor is informative; never fail an install over it
+        log.debug("tilesmith: roofline floor unavailable", exc_info=True)
+        return None
+
+
+def _progress() -> Any:
+    try:
+        from tilesmith import progress
+
+        return progress
+    except ImportError:
+        return None
+
+
+def _record_json(record: BenchmarkRecord) -> dict[str, Any]:
+    return {"torch_inductor_ms": record.torch_inductor_ms, "tilesmith_ms": record.tilesmith_ms,
+            "speedup": record.speedup, "speedup_ci": list(record.speedup_ci),
+            "roofline_floor_ms": record.roofline_floor_ms, "source": record.source,
+            "loops_accepted": record.loops_accepted, "method": record.method}
+
+
+def _median(values: tuple[float, ...]) -> float:
+    ordered = sorted(values)
+    n = len(ordered)
+    return ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])

@@ -1,0 +1,197 @@
+"""One ``tilesmith.compile()`` run: capture → track → agent → gate → install, in that order.
+
+:class:`LiveRun` is the sink the capture backend reports every compiled graph to. Eligible graphs get a
+trampoline as their ``current_callable``; the trampoline's first (and only) call
+
+1. copies that call's inputs into a private snapshot (the gate's inputs) and computes the user's outputs
+   with the original Inductor callable, which is put back in place first;
+2. creates the graph's track (``runs/<run-id>/<cache-key>/``), looks up the artifact cache, and otherwise
+   runs the graph's optimizer through a :class:`~tilesmith.session.GraphSession` and the host gate;
+3. installs the accepted wrapper (:mod:`tilesmith.install.loader`) and records a ``BenchmarkRecord``;
+   otherwise the graph stays on Inductor with a diagnostic saying why.
+
+Nothing in here may raise into the user's model call: every failure becomes a diagnostic and the graph
+keeps its original Inductor callable.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from tilesmith import settings
+from tilesmith._compat import module_constants, versions
+from tilesmith.capture import eligibility
+from tilesmith.capture.graph import captured_graph
+from tilesmith.capture.source import canonicalize, graph_name
+from tilesmith.records import BenchmarkRecord, CapturedGraph, Diagnostic
+from tilesmith.track import snapshot
+from tilesmith.track.key import cache_key, key_environment
+from tilesmith.track.run import RunFolder, Track, new_run_id, utc_now
+
+log = logging.getLogger("tilesmith")
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What one ``tilesmith.compile()`` call asked for (validated by :mod:`tilesmith.api`)."""
+
+    agent_model: Any
+    """Model name (``str``) or an ``OptimizerFactory`` object."""
+    agency: str
+    loops: int
+    max_model_calls: int | None
+    allow_cpu: bool
+    min_improvement: float
+    compile_mode: str | None = None
+
+    @property
+    def model_name(self) -> str:
+        model = self.agent_model
+        return model if isinstance(model, str) else f"custom:{getattr(model, 'name', type(model).__name__)}"
+
+
+class GraphHandle:
+    """Live state of one eligible graph: Inductor's compiled object and its original callable."""
+
+    def __init__(self, compiled: Any, graph: CapturedGraph, key: str, constants: dict[str, Any]):
+        self.compiled = compiled
+        self.graph = graph
+        self.key = key
+        self.constants = constants
+        self.original = compiled.current_callable
+        self.state = "pending"
+        self.lock = threading.RLock()
+
+    @property
+    def label(self) -> str:
+        return f"{self.key[:8]} ({self.graph.name})"
+
+
+class LiveRun:
+    """State of one ``tilesmith.compile()`` call; the capture backend's sink."""
+
+    def __init__(self, options: RunOptions, factory: Any = None):
+        self.options = options
+        self.run_id = new_run_id()
+        self._versions: dict[str, str] | None = None
+        self.folder = RunFolder(settings.cache_root(), self.run_id, {
+            "created_utc": utc_now(), "agent_model": options.model_name, "agency": options.agency,
+            "loops": options.loops, "max_model_calls": options.max_model_calls,
+            "min_improvement": options.min_improvement})
+        self.diagnostics: list[Diagnostic] = []
+        self.benchmarks: list[BenchmarkRecord] = []
+        self.handles: list[GraphHandle] = []
+        self._factory = factory
+        self._lock = threading.Lock()
+        self.closed = False
+
+    # -- diagnostics --------------------------------------------------------------------------
+    def diagnose(self, kind: str, message: str, graph_key: str | None = None,
+                 graph_name_: str | None = None) -> Diagnostic:
+        diagnostic = Diagnostic(kind, message, graph_key, graph_name_)
+        self.record_diagnostic(diagnostic)
+        log.info("tilesmith: %s: %s", kind, message)
+        return diagnostic
+
+    def record_diagnostic(self, diagnostic: Diagnostic) -> None:
+        with self._lock:
+            self.diagnostics.append(diagnostic)
+        problem = self.folder.add_diagnostic(diagnostic)
+        if problem is not None:
+            with self._lock:
+                self.diagnostics.append(problem)
+
+    # -- capture sink -------------------------------------------------------------------------
+    def on_compiled(self, compiled: Any, fx_program: str, example_inputs: Any, kwargs: dict[str, Any]) -> None:
+        """Check eligibility of a freshly compiled graph and, if eligible, install the trampoline."""
+        source = str(getattr(compiled, "source_code", "") or "")
+        name = graph_name(source) or f"{kwargs.get('graph_id', '?')}_graph"
+        key = self._key(canonicalize(source), self._device_of(compiled)) if source else None
+        label = f"{key[:8]} ({name})" if key else name
+        refused = eligibility.refusal(compiled, example_inputs, kwargs, allow_cpu=self.options.allow_cpu,
+                                      label=label)
+        if refused:
+            self.diagnose(refused[0], refused[1], key, name)
+            return
+        graph = captured_graph(compiled, fx_program, example_inputs, kwargs,
+                               compile_mode=self.options.compile_mode)
+        handle = GraphHandle(compiled, graph, key or "", module_constants(compiled))
+        compiled._tilesmith_handle = handle
+        with self._lock:
+            self.handles.append(handle)
+        compiled.current_callable = self._trampoline(handle)
+
+    def _trampoline(self, handle: GraphHandle) -> Any:
+        def first_call(args: list[Any]) -> Any:
+            with handle.lock:
+                if handle.state != "pending":  # another thread got here first
+                    return handle.compiled.current_callable(args)
+                handle.state = "optimizing"
+                handle.compiled.current_callable = handle.original
+                copies = [snapshot.copy_input(a) for a in args]
+                outputs = handle.original(args)
+                try:
+                    self.optimize(handle, copies)
+                except BaseException as exc:  # noqa: BLE001 - never break the user's call
+                    if isinstance(exc, KeyboardInterrupt):
+                        raise
+                    log.exception("tilesmith: optimization of %s failed", handle.label)
+                    self.diagnose("internal_error", f"graph {handle.label}: optimization failed with "
+                                  f"{type(exc).__name__}: {exc}; the graph stays on Inductor. Please report "
+                                  "this with the run folder.", handle.key, handle.graph.name)
+                    handle.state = "kept_inductor"
+                return outputs
+
+        first_call._boxed_call = True  # type: ignore[attr-defined]
+        return first_call
+
+    # -- the pipeline -------------------------------------------------------------------------
+    def optimize(self, handle: GraphHandle, inputs: list[Any]) -> None:
+        """Steps 2–3 of the module docstring for one graph (runs inside its first call)."""
+        from tilesmith.optimize import optimize_graph
+
+        track = Track(self.folder, handle.graph, handle.key, self.options.loops)
+        self.folder.save()
+        track.create()
+        optimize_graph(self, handle, track, inputs)
+
+    def optimizer_factory(self) -> Any:
+        """The run's optimizer factory, created at the first graph that needs one."""
+        with self._lock:
+            if self._factory is None:
+                from tilesmith.agent import make_factory
+
+                self._factory = make_factory(self.options, self.folder.folder)
+            return self._factory
+
+    def close(self) -> None:
+        """Release run-level resources (the LLM proxy); idempotent; called when the model is collected."""
+        if self.closed:
+            return
+        self.closed = True
+        factory, self._factory = self._factory, None
+        if factory is not None:
+            try:
+                factory.close()
+            except Exception:  # noqa: BLE001
+                log.debug("tilesmith: closing the optimizer factory failed", exc_info=True)
+
+    # -- helpers ------------------------------------------------------------------------------
+    def versions(self) -> dict[str, str]:
+        if self._versions is None:
+            self._versions = versions()
+        return self._versions
+
+    def _key(self, canonical: str, device: str) -> str:
+        env = key_environment(versions=self.versions(), device=device, agent_model=self.options.model_name,
+                              agency=self.options.agency, loops=self.options.loops,
+                              min_improvement=self.options.min_improvement)
+        return cache_key(canonical, env)
+
+    @staticmethod
+    def _device_of(compiled: Any) -> str:
+        types = sorted(str(d) for d in (getattr(compiled, "device_types", None) or ()))
+        return "cuda" if "cuda" in types else (types[0] if types else "cpu")

@@ -1,0 +1,149 @@
+"""Run folders and tracks on disk (docs/layout.md).
+
+A :class:`RunFolder` is one ``tilesmith.compile()`` call: ``<root>/runs/<run-id>/run.json``. A
+:class:`Track` is one eligible graph inside it: ``<run-id>/<cache-key>/`` with ``track.json``,
+``program.fx.txt``, ``attempts/`` and ``profiles/``. Every JSON file is rewritten atomically (temp file +
+``os.replace``), so readers (the CLI) never see a torn file.
+
+Disk trouble (read-only or full) never breaks the user's model call: the folder is marked unwritable,
+later writes are skipped, and the caller gets a ``Diagnostic`` of kind ``disk_unwritable`` once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from tilesmith.capture.source import with_fx_header
+from tilesmith.records import CapturedGraph, Diagnostic, Verdict
+from tilesmith.track.ring import AttemptRing
+
+FORMAT = 1
+
+
+def new_run_id() -> str:
+    """``YYYYmmddTHHMMSSZ-<8 hex>``: sortable by time and unique across processes."""
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(4)
+
+
+def utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def write_json_atomic(path: Path, document: dict[str, Any]) -> None:
+    """Write ``document`` as indented JSON through a temp file in the same folder and ``os.replace``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(json.dumps(document, indent=1, sort_keys=False, default=str), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+class RunFolder:
+    """``<root>/runs/<run-id>/`` and its ``run.json`` (written lazily, at the first track or diagnostic)."""
+
+    def __init__(self, root: Path, run_id: str, metadata: dict[str, Any]):
+        self.root = Path(root)
+        self.run_id = run_id
+        self.folder = self.root / "runs" / run_id
+        self.metadata = dict(metadata)
+        self.diagnostics: list[Diagnostic] = []
+        self.writable = True
+        self._lock = threading.Lock()
+
+    def add_diagnostic(self, diagnostic: Diagnostic) -> Diagnostic | None:
+        """Record a run-level diagnostic and rewrite ``run.json``; returns a disk diagnostic on failure."""
+        with self._lock:
+            self.diagnostics.append(diagnostic)
+        return self.save()
+
+    def save(self) -> Diagnostic | None:
+        if not self.writable:
+            return None
+        document = {"format": FORMAT, "run_id": self.run_id, **self.metadata,
+                    "diagnostics": [asdict(d) for d in self.diagnostics]}
+        try:
+            write_json_atomic(self.folder / "run.json", document)
+        except OSError as exc:
+            self.writable = False
+            return Diagnostic("disk_unwritable", f"run {self.run_id}: cannot write {self.folder} ({exc}); "
+                              "Tilesmith keeps optimizing without run records. Remedy: point "
+                              "TILESMITH_CACHE_DIR at a writable folder.")
+        return None
+
+
+class Track:
+    """One eligible graph's folder: metadata, FX program, attempt ring, gate profiles."""
+
+    def __init__(self, run: RunFolder, graph: CapturedGraph, key: str, loops: int):
+        self.run = run
+        self.graph = graph
+        self.key = key
+        self.folder = run.folder / key
+        self.ring = AttemptRing(self.folder / "attempts")
+        self.profiles = self.folder / "profiles"
+        self.state: dict[str, Any] = {
+            "format": FORMAT, "run_id": run.run_id, "graph_key": key, "graph_name": graph.name,
+            "kind": graph.kind, "device": graph.device, "inductor_key": graph.inductor_key,
+            "status": "optimizing", "created_utc": utc_now(), "updated_utc": utc_now(),
+            "loops_requested": loops, "loops_accepted": 0, "turns": 0, "evaluations": [],
+            "benchmark": None, "diagnostics": [],
+        }
+
+    @property
+    def label(self) -> str:
+        """How messages name this graph: cache-key prefix and AOT id, e.g. ``1a2b3c4d (0_inference)``."""
+        return f"{self.key[:8]} ({self.graph.name})"
+
+    def create(self) -> Path:
+        """Create the folder with ``program.fx.txt``, ``attempt_00.py`` and ``track.json``."""
+        self.profiles.mkdir(parents=True, exist_ok=True)
+        (self.folder / "program.fx.txt").write_text(self.graph.fx_program, encoding="utf-8")
+        first = self.ring.push(with_fx_header(self.graph.fx_program, self.graph.canonical_source))
+        self.save()
+        return first
+
+    def record_evaluation(self, eval_id: str, attempt: int | None, proposer: str, verdict: Verdict) -> None:
+        entry = {
+            "id": eval_id, "attempt": attempt, "turn": self.state["turns"], "proposer": proposer,
+            "status": verdict.status, "accepted": verdict.accepted,
+            "speedup": verdict.timing.speedup if verdict.timing else None,
+            "confirmation_speedup": verdict.confirmation.speedup if verdict.confirmation else None,
+            "reasons": list(verdict.reasons),
+            "report": _relative(verdict.report_path, self.folder),
+        }
+        self.state["evaluations"].append(entry)
+        if verdict.accepted:
+            self.state["loops_accepted"] += 1
+        self.save()
+
+    def update(self, **fields: Any) -> None:
+        self.state.update(fields)
+        self.save()
+
+    def add_diagnostic(self, diagnostic: Diagnostic) -> None:
+        self.state["diagnostics"].append(asdict(diagnostic))
+        self.save()
+
+    def save(self) -> None:
+        if not self.run.writable:
+            return
+        self.state["updated_utc"] = utc_now()
+        try:
+            write_json_atomic(self.folder / "track.json", self.state)
+        except OSError:
+            self.run.writable = False
+
+
+def _relative(path: str | None, folder: Path) -> str | None:
+    if not path:
+        return None
+    try:
+        return str(Path(path).resolve().relative_to(folder.resolve()))
+    except ValueError:
+        return str(path)
