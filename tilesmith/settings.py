@@ -63,6 +63,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _nonnegative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError("expected an integer >= 0")
+    return value
+
+
 def _text(text: str) -> str:
     return text
 
@@ -113,6 +120,17 @@ _SETTINGS = (
             "Key of an OpenAI-compatible endpoint, used with TILESMITH_API_BASE_URL.", secret=True),
     Setting("TILESMITH_API_BASE_URL", None, _text,
             "Base URL (with /v1) of the OpenAI-compatible endpoint for TILESMITH_API_KEY."),
+    Setting("TILESMITH_CLIPROXYAPI_START_TIMEOUT_S", "30", _positive_float,
+            "Seconds the private CLIProxyAPI may take to answer /healthz and /v1/models after it is "
+            "started (per attempt; a busy port is retried on another one)."),
+    Setting("TILESMITH_AGENT_REQUEST_TIMEOUT_S", "600", _positive_float,
+            "Seconds one model request through the proxy may take (the OpenAI client's read timeout)."),
+    Setting("TILESMITH_AGENT_MAX_RETRIES", "2", _nonnegative_int,
+            "Transport retries (connection errors, 408/409/429/5xx) inside one model invocation; "
+            "they never count against max_model_calls."),
+    Setting("TILESMITH_ARTIFACT_CACHE", "1", _bool,
+            "Reuse accepted wrappers from the artifact store (<root>/artifacts) and store new ones; 0 "
+            "neither reads nor writes it, so every graph is optimized afresh."),
 )
 
 REGISTRY: dict[str, Setting] = {}
@@ -151,8 +169,8 @@ def get(name: str, environ: dict[str, str] | None = None) -> Any:
     try:
         return setting.parse(raw)
     except ValueError as exc:
-        shown = "<hidden>" if setting.secret else repr(raw)
-        msg = f"{name}={shown} is invalid: {exc}. Unset it to use the default ({setting.default!r})."
+        shown, why = ("<hidden>", "rejected") if setting.secret else (repr(raw), str(exc))
+        msg = f"{name}={shown} is invalid: {why}. Unset it to use the default ({setting.default!r})."
         raise SettingsError(msg) from None
 
 

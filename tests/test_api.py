@@ -1,0 +1,126 @@
+"""tilesmith.compile: argument validation, fallbacks with diagnostics, registered backend."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tilesmith
+from tests.models import TwoLayer
+from tests.scripted import ScriptedFactory
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("TILESMITH_CACHE_DIR", str(tmp_path / "ts"))
+    monkeypatch.delenv("TILESMITH_ALLOW_CPU", raising=False)
+    monkeypatch.delenv("TILESMITH_MODEL", raising=False)
+    monkeypatch.setenv("TILESMITH_CLIPROXYAPI_EXECUTABLE", str(tmp_path / "no-such-proxy"))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-path"))
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+X = torch.randn(4, 64)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "words"),
+    [
+        ({"agency": "extreme"}, ValueError, "low"),
+        ({"agency": 3}, TypeError, "agency"),
+        ({"loops": 0}, ValueError, ">= 1"),
+        ({"loops": 1.5}, TypeError, "loops"),
+        ({"loops": True}, TypeError, "loops"),
+        ({"max_model_calls": -1}, ValueError, ">= 0"),
+        ({"max_model_calls": "70"}, TypeError, "max_model_calls"),
+        ({"agent_model": 42}, TypeError, "agent_model"),
+        ({"agent_model": "  "}, ValueError, "agent_model"),
+        ({"example_inputs": X}, TypeError, "tuple"),
+        ({"backend": "inductor"}, ValueError, "backend"),
+    ],
+)
+def test_invalid_arguments_raise_naming_allowed_values(kwargs, error, words):
+    args = {"example_inputs": (X,), "agent_model": "tilesmith/builtin", **kwargs}
+    with pytest.raises(error, match=words):
+        tilesmith.compile(TwoLayer(), **args)
+
+
+def test_invalid_min_improvement_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("TILESMITH_MIN_IMPROVEMENT", "2%")
+    with pytest.raises(ValueError, match="TILESMITH_MIN_IMPROVEMENT"):
+        tilesmith.compile(TwoLayer(), example_inputs=(X,), agent_model="tilesmith/builtin")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "kind", "remedy"),
+    [
+        ({"agent_model": "tilesmith/builtin"}, "missing_example_inputs", "example_inputs=(x,)"),
+        ({"example_inputs": (X,), "agent_model": "tilesmith/builtin"}, "no_cuda_device", "CUDA"),
+        ({"example_inputs": (X,)}, None, None),
+    ],
+)
+def test_fallbacks_return_plain_torch_compile_with_a_diagnostic(kwargs, kind, remedy):
+    model = TwoLayer().eval()
+    compiled = tilesmith.compile(model, **kwargs)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(X), model(X))
+    assert tilesmith.benchmarks(compiled) == ()
+    diags = tilesmith.diagnostics(compiled)
+    assert len(diags) == 1
+    if kind is not None:
+        assert diags[0].kind == kind and remedy in diags[0].message
+    else:  # CPU inputs are reported before the missing model
+        assert diags[0].kind == "no_cuda_device"
+
+
+def test_missing_model_fallback_in_test_mode(monkeypatch):
+    monkeypatch.setenv("TILESMITH_ALLOW_CPU", "1")
+    model = TwoLayer().eval()
+    compiled = tilesmith.compile(model, example_inputs=(X,))
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(X), model(X))
+    (diag,) = tilesmith.diagnostics(compiled)
+    assert diag.kind == "missing_model" and "TILESMITH_MODEL" in diag.message and "tilesmith/builtin" in diag.message
+
+
+def test_missing_proxy_fallback_names_the_executable_setting(monkeypatch):
+    monkeypatch.setenv("TILESMITH_ALLOW_CPU", "1")
+    model = TwoLayer().eval()
+    compiled = tilesmith.compile(model, example_inputs=(X,), agent_model="gpt-5.5")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(X), model(X))
+    (diag,) = tilesmith.diagnostics(compiled)
+    assert diag.kind in {"missing_proxy", "missing_credentials"}
+    assert "TILESMITH_CLIPROXYAPI_EXECUTABLE" in diag.message or "cli-proxy-api" in diag.message
+    assert tilesmith.benchmarks(compiled) == ()
+
+
+def test_model_from_environment_is_used_and_argument_overrides_it(monkeypatch):
+    monkeypatch.setenv("TILESMITH_ALLOW_CPU", "1")
+    monkeypatch.setenv("TILESMITH_MODEL", "gpt-5.5")
+    factory = ScriptedFactory()
+    compiled = tilesmith.compile(TwoLayer().eval(), example_inputs=(X,), agent_model=factory)
+    with torch.no_grad():
+        compiled(X)
+    assert len(factory.sessions) == 1  # the argument won over TILESMITH_MODEL (which has no proxy here)
+
+
+def test_extra_torch_compile_arguments_pass_through(monkeypatch):
+    monkeypatch.setenv("TILESMITH_ALLOW_CPU", "1")
+    model = TwoLayer().eval()
+    compiled = tilesmith.compile(model, example_inputs=(X,), agent_model=ScriptedFactory(), fullgraph=True,
+                                 dynamic=False, options={"max_autotune": False})
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(X), model(X))
+
+
+def test_registered_backend_captures_graphs(monkeypatch, tmp_path):
+    monkeypatch.setenv("TILESMITH_ALLOW_CPU", "1")
+    model = TwoLayer().eval()
+    compiled = torch.compile(model, backend="tilesmith", options={"agent_model": "tilesmith/builtin", "loops": 1})
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(X), model(X))
+    assert list((tmp_path / "ts").glob("runs/*/*/track.json")), "the graph reached Tilesmith"
+    assert tilesmith.diagnostics(compiled), "diagnostics are found from the compiled module"

@@ -1,0 +1,48 @@
+"""Settings registry: parsing, errors that name the variable, docs generated from the registry."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tilesmith import settings
+from tilesmith.errors import SettingsError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_defaults_and_parsing():
+    env = {}
+    assert settings.get("TILESMITH_MIN_IMPROVEMENT", env) == 0.02
+    assert settings.get("TILESMITH_ALLOW_CPU", env) is False
+    assert settings.get("TILESMITH_MODEL", env) is None
+    assert settings.get("TILESMITH_MIN_IMPROVEMENT", {"TILESMITH_MIN_IMPROVEMENT": "0.05"}) == 0.05
+    assert settings.get("TILESMITH_ALLOW_CPU", {"TILESMITH_ALLOW_CPU": "yes"}) is True
+
+
+@pytest.mark.parametrize("value", ["2%", "-0.1", "1.5", "nan", "inf", ""])
+def test_invalid_min_improvement_names_variable_and_default(value):
+    with pytest.raises(SettingsError, match=r"TILESMITH_MIN_IMPROVEMENT=.*0\.02"):
+        settings.get("TILESMITH_MIN_IMPROVEMENT", {"TILESMITH_MIN_IMPROVEMENT": value})
+
+
+def test_secret_values_are_hidden_in_errors(monkeypatch):
+    setting = settings.Setting("X_SECRET", None, int, "x", secret=True)
+    monkeypatch.setitem(settings.REGISTRY, "X_SECRET", setting)
+    with pytest.raises(SettingsError) as info:
+        settings.get("X_SECRET", {"X_SECRET": "sk-very-secret"})
+    assert "sk-very-secret" not in str(info.value)
+
+
+def test_cache_root_order():
+    assert settings.cache_root({"TILESMITH_CACHE_DIR": "/a", "XDG_CACHE_HOME": "/b"}) == Path("/a")
+    assert settings.cache_root({"XDG_CACHE_HOME": "/b"}) == Path("/b/tilesmith")
+    assert settings.cache_root({}) == Path.home() / ".cache" / "tilesmith"
+
+
+def test_env_docs_are_generated_from_the_registry():
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "gen_env_docs.py"), "--check"], cwd=REPO)
+    assert proc.returncode == 0, "docs/env_vars.md is stale: run python scripts/gen_env_docs.py"
