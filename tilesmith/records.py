@@ -127,6 +127,12 @@ class CheckFailure:
     input_index: int | None = None
     variant: str | None = None
     """Input variant that exposed it: ``"normal"``, ``"zero"``, ``"high_magnitude"`` …"""
+    worst_index: tuple[int, ...] | None = None
+    """Index of the worst (or first) offending element of ``output_index``, when the check is elementwise."""
+    expected: str | None = None
+    """The original wrapper's value at ``worst_index`` (or the expected shape/stride/dtype), as text."""
+    got: str | None = None
+    """The candidate's value at ``worst_index`` (or its shape/stride/dtype), as text."""
 
 
 VerdictStatus = Literal[
@@ -189,7 +195,8 @@ class RooflineFloor:
 
     Bytes count each input read once and each output written once; FLOPs count matmul/conv/SDPA
     multiply-adds as 2. Limits are measured on the device (a large device-to-device copy, counting bytes
-    read plus written; a large bf16 matmul), not taken from a datasheet.
+    read plus written; large bf16 and fp32 matmuls, each dtype's FLOPs against its own measured rate),
+    not taken from a datasheet (see :mod:`tilesmith.roofline`).
     """
 
     bytes_moved: int

@@ -1,0 +1,1 @@
+"""Tilesmith benchmark suite: see bench/suite.py and docs/benchmarks.md."""

@@ -1,0 +1,1 @@
+"""Example model definitions and scripts (random weights, no downloads)."""

@@ -1,0 +1,606 @@
+"""Roofline floor of a captured graph: the bytes it must move and the FLOPs it must run, against the
+device's measured copy bandwidth and matrix-multiply rate.
+
+What is counted (a *lower bound*: no correct implementation of the graph can be faster):
+
+* **Bytes.** Every graph input (placeholder, or ``self.<constant>`` attribute) that some computing node
+  reads is read once; every graph output is written once; an input that ``aten.copy_`` overwrites
+  (an input mutation) is written once. Intermediates cost nothing (perfect fusion). Refinements, each
+  keeping the bound a lower bound:
+
+  - an output that is an input, or a view of one (``view``/``permute``/``slice``/``split``… chains),
+    is an alias and is not written; an input that is only returned (the training forward returns
+    ``primals_*`` for the backward) is not read;
+  - an input read only through views is charged the elements those views expose (at most its size);
+    an input read as the table of a gather (``embedding``, ``index.Tensor``, ``index_select``,
+    ``gather``) is charged at most the gathered output's size;
+  - a tensor's size is its number of *distinct* elements, ``min(numel, 1 + Σ (size_i - 1)·|stride_i|)``,
+    so an ``expand``-ed input counts once.
+
+* **FLOPs.** Matrix products, convolutions and attention, counted by PyTorch's own formulas
+  (:data:`torch.utils.flop_counter.flop_registry`: ``mm``/``addmm``/``bmm``/``baddbmm``/``_scaled_mm``
+  as ``2·M·N·K``, ``convolution`` and ``convolution_backward``, the SDPA forward and backward variants).
+  Causal attention (``is_causal=True``) is charged half of the full count, since a kernel may skip the
+  masked half of the score matrix. Pointwise and reduction arithmetic is not counted: it is always far
+  under the memory time on the GPUs Tilesmith targets.
+
+* **Rates.** FLOPs run at the measured matrix rate of their operand dtype: bf16/fp16 at the bf16 rate,
+  fp32/fp64 at the fp32 rate measured under the process's current TF32 setting (the setting the graph's
+  own matmuls run under), 8-bit float types at twice the bf16 rate (the Hopper datasheet ratio; not
+  measured). ``floor = max(bytes / copy_bandwidth, Σ flops_d / rate_d)``.
+
+Why parse text: :class:`~tilesmith.records.CapturedGraph` carries the FX program as readable text
+(``print_readable(include_stride=True, include_device=True)``); Inductor's own estimates (scheduler
+read/write sizes) exist only during compilation and are not kept in the record. The limits come from
+:func:`measure_device_limits` (``/work/.library/device/METHOD.md``: measure the ceilings on the device).
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import math
+import re
+import statistics
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tilesmith.records import CapturedGraph, InputSpec, RooflineFloor, TensorSpec
+
+__all__ = ["DeviceLimits", "GraphCost", "RooflineParseError", "clear_limits_cache", "floor_from_cost",
+           "floor_from_fx", "graph_cost", "measure_device_limits", "roofline_floor"]
+
+
+class RooflineParseError(ValueError):
+    """The FX program text cannot be costed (symbolic shapes, unknown annotation, no ``forward``)."""
+
+
+@dataclass(frozen=True)
+class DeviceLimits:
+    """Measured ceilings of one device. Rates use SI units: 1 GB/s = 1e9 B/s, 1 TFLOP/s = 1e12 FLOP/s."""
+
+    device: str
+    """``str(torch.device)`` the limits were measured on, e.g. ``"cuda:0"``."""
+    device_name: str
+    copy_gbps: float
+    """Device-to-device copy bandwidth, counting bytes read plus bytes written."""
+    matmul_bf16_tflops: float
+    matmul_fp32_tflops: float
+    """fp32 ``torch.mm`` rate under the TF32 setting current at measurement time."""
+    method: str = "cuda_event"
+    """``"cuda_event"`` on GPUs; ``"host_clock"`` in CPU test mode."""
+    copy_bytes: int = 0
+    """Size of the copied buffer (bytes read; as many are written)."""
+    matmul_sizes: tuple[tuple[str, int], ...] = ()
+    """``(dtype, n)`` of the ``n×n×n`` products timed."""
+    allow_tf32: bool = False
+    measured_s: float = 0.0
+    """Wall-clock seconds the measurement took."""
+
+    def tflops_for(self, dtype: str) -> float:
+        """Matrix rate (TFLOP/s) that FLOPs with operands of ``dtype`` (FX abbreviation or ``torch.*`` name) run at."""
+        d = _short_dtype(dtype)
+        if d in ("bf16", "f16"):
+            return self.matmul_bf16_tflops
+        if d.startswith("f8") or d in ("i8", "u8"):
+            return 2.0 * self.matmul_bf16_tflops
+        return self.matmul_fp32_tflops
+
+
+@dataclass(frozen=True)
+class GraphCost:
+    """What a graph must do at the least, independent of the device."""
+
+    bytes_read: int
+    bytes_written: int
+    flops_by_dtype: tuple[tuple[str, int], ...]
+    """``(operand dtype abbreviation, FLOPs)`` per dtype, e.g. ``(("bf16", 2 * 8192 * 768 * 2304),)``."""
+    flop_ops: tuple[tuple[str, int], ...] = field(default=())
+    """``(node name, FLOPs)`` of every counted node, in graph order (for reports and tests)."""
+
+    @property
+    def bytes_moved(self) -> int:
+        return self.bytes_read + self.bytes_written
+
+    @property
+    def flops(self) -> int:
+        return sum(f for _, f in self.flops_by_dtype)
+
+
+# ---------------------------------------------------------------------------------------------- parsing
+
+_ANNOTATION = re.compile(r"^(\w+)\[([^\]]*)\]\[([^\]]*)\](.*)$")
+
+_VIEW_OPS = frozenset({
+    "aten.view", "aten._unsafe_view", "aten.reshape", "aten.permute", "aten.transpose", "aten.t",
+    "aten.expand", "aten.unsqueeze", "aten.squeeze", "aten.slice", "aten.select", "aten.as_strided",
+    "aten.alias", "aten.detach", "aten.narrow", "aten.diagonal", "aten.view_as_real",
+    "aten.view_as_complex", "aten.unfold", "aten.lift_fresh", "prims.view_of",
+})
+_MULTI_VIEW_OPS = frozenset({"aten.split", "aten.split_with_sizes", "aten.unbind", "aten.chunk",
+                             "aten.tensor_split"})
+# op -> index of the argument whose reads are bounded by the output size
+_GATHER_OPS = {"aten.embedding": 0, "aten.index": 0, "aten.index_select": 0, "aten.gather": 0,
+               "aten.take": 0}
+
+
+@dataclass
+class _Meta:
+    dtype: str
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    itemsize: int
+
+    @property
+    def distinct_bytes(self) -> int:
+        return _distinct_elements(self.shape, self.stride) * self.itemsize
+
+
+@dataclass
+class _Node:
+    name: str
+    kind: str  # "input" | "call" | "getitem" | "other"
+    meta: _Meta | None = None
+    op: str | None = None  # "aten.mm.default"
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    source: str | None = None  # getitem: the tuple node
+    index: int | None = None
+
+    @property
+    def packet(self) -> str | None:
+        if self.op is None:
+            return None
+        parts = self.op.split(".")
+        return ".".join(parts[:2]) if len(parts) >= 2 else self.op
+
+
+@dataclass(frozen=True)
+class _Ref:
+    name: str
+
+
+def _distinct_elements(shape: Sequence[int], stride: Sequence[int]) -> int:
+    numel = math.prod(shape)
+    if numel == 0:
+        return 0
+    span = 1 + sum((s - 1) * abs(st) for s, st in zip(shape, stride, strict=False))
+    return min(numel, span)
+
+
+def _short_dtype(dtype: str) -> str:
+    """``"torch.bfloat16"`` → ``"bf16"`` (FX's abbreviations); abbreviations pass through."""
+    if not dtype.startswith("torch."):
+        return dtype
+    import torch
+    from torch.fx.graph import dtype_abbrs
+
+    return dtype_abbrs.get(getattr(torch, dtype[len("torch."):], None), dtype)
+
+
+def _torch_dtype(abbr: str) -> Any:
+    from torch.fx.graph import dtype_abbrs
+
+    found = next((dt for dt, name in dtype_abbrs.items() if name == abbr), None)
+    if found is None:
+        raise RooflineParseError(f"unknown dtype abbreviation {abbr!r} in FX annotation")
+    return found
+
+
+def _itemsize(abbr: str) -> int:
+    return int(_torch_dtype(abbr).itemsize)
+
+
+def _int_list(text: str, what: str) -> tuple[int, ...]:
+    text = text.strip()
+    if not text:
+        return ()
+    try:
+        return tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise RooflineParseError(f"symbolic {what} [{text}]: dynamic shapes have no fixed roofline floor") from None
+
+
+def _parse_annotation(text: str) -> _Meta | None:
+    if text.startswith("Sym("):
+        raise RooflineParseError(f"symbolic input {text}: dynamic shapes have no fixed roofline floor")
+    m = _ANNOTATION.match(text.strip())
+    if m is None:
+        return None
+    abbr = m.group(1)
+    return _Meta(abbr, _int_list(m.group(2), "shape"), _int_list(m.group(3), "stride"), _itemsize(abbr))
+
+
+def _meta_from_spec(spec: InputSpec) -> _Meta | None:
+    if not isinstance(spec, TensorSpec):
+        return None
+    abbr = _short_dtype(spec.dtype)
+    return _Meta(abbr, tuple(spec.shape), tuple(spec.stride), _itemsize(abbr))
+
+
+def _dotted(node: ast.AST) -> str | None:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+        return ".".join(reversed(parts))
+    return None
+
+
+def _value(node: ast.AST) -> Any:
+    if isinstance(node, ast.Name):
+        return _Ref(node.id)
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, (ast.List, ast.Tuple)):
+        return [_value(e) for e in node.elts]
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        inner = _value(node.operand)
+        return -inner if isinstance(inner, (int, float)) else None
+    return None  # dtypes, devices, layouts: irrelevant to the cost
+
+
+def _parse(fx_program: str) -> tuple[dict[str, _Node], list[str], list[Any]]:
+    """Nodes by name, placeholder names in order, and the returned values."""
+    text = re.sub(r"^class [^\n]*:", "class _G:", fx_program.strip(), count=1)
+    try:
+        tree = ast.parse(text)
+    except SyntaxError as exc:
+        raise RooflineParseError(f"FX program is not parseable Python: {exc}") from None
+    forward = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "forward"), None)
+    if forward is None:
+        raise RooflineParseError("FX program has no forward() method")
+    nodes: dict[str, _Node] = {}
+    placeholders: list[str] = []
+    for arg in forward.args.args[1:]:
+        ann = arg.annotation.value if isinstance(arg.annotation, ast.Constant) else None
+        nodes[arg.arg] = _Node(arg.arg, "input", _parse_annotation(ann) if isinstance(ann, str) else None)
+        placeholders.append(arg.arg)
+    returned: list[Any] = []
+    for stmt in forward.body:
+        if isinstance(stmt, ast.Return):
+            value = _value(stmt.value) if stmt.value is not None else []
+            returned = value if isinstance(value, list) else [value]
+            continue
+        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+            name, ann, rhs = stmt.target.id, stmt.annotation, stmt.value
+            text = ann.value if isinstance(ann, ast.Constant) and isinstance(ann.value, str) else None
+            meta = _parse_annotation(text) if text is not None else None
+        elif isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+            name, rhs, meta = stmt.targets[0].id, stmt.value, None
+            if isinstance(rhs, ast.Constant) and rhs.value is None:
+                continue  # `x = None` frees
+        else:
+            continue
+        if rhs is None:
+            continue
+        nodes[name] = _node_from_rhs(name, rhs, meta)
+    return nodes, placeholders, returned
+
+
+def _node_from_rhs(name: str, rhs: ast.AST, meta: _Meta | None) -> _Node:
+    if isinstance(rhs, ast.Call):
+        target = _dotted(rhs.func) or ""
+        op = target[len("torch.ops."):] if target.startswith("torch.ops.") else target
+        args = tuple(_value(a) for a in rhs.args)
+        kwargs = {k.arg: _value(k.value) for k in rhs.keywords if k.arg}
+        return _Node(name, "call", meta, op=op, args=args, kwargs=kwargs)
+    if isinstance(rhs, ast.Subscript) and isinstance(rhs.value, ast.Name) and isinstance(rhs.slice, ast.Constant):
+        return _Node(name, "getitem", meta, source=rhs.value.id, index=int(rhs.slice.value))
+    if isinstance(rhs, ast.Attribute) and _dotted(rhs) and _dotted(rhs).startswith("self."):
+        return _Node(name, "input", meta)  # get_attr: a constant or frozen parameter the graph reads
+    return _Node(name, "other", meta)
+
+
+def _refs(values: Any) -> list[tuple[int, _Ref]]:
+    """``(top-level argument position, ref)`` for every node reference inside ``values``."""
+    out: list[tuple[int, _Ref]] = []
+    for pos, v in enumerate(values):
+        stack = [v]
+        while stack:
+            x = stack.pop()
+            if isinstance(x, _Ref):
+                out.append((pos, x))
+            elif isinstance(x, list):
+                stack.extend(x)
+    return out
+
+
+# ------------------------------------------------------------------------------------------- counting
+
+def graph_cost(fx_program: str, inputs: Sequence[InputSpec] | None = None) -> GraphCost:
+    """Bytes and FLOPs a graph must at least move and run (see the module docstring for the rules).
+
+    Args:
+        fx_program: ``print_readable(include_stride=True, include_device=True)`` text of the graph as it
+            reached Inductor (``CapturedGraph.fx_program``).
+        inputs: the graph's input specs; when given and as many as the placeholders, they override the
+            placeholder annotations (shapes, strides, dtypes).
+
+    Raises:
+        RooflineParseError: symbolic (dynamic) shapes, an unknown dtype, or text without ``forward``.
+    """
+    nodes, placeholders, returned = _parse(fx_program)
+    if inputs is not None and len(inputs) == len(placeholders):
+        for name, spec in zip(placeholders, inputs, strict=True):
+            meta = _meta_from_spec(spec)
+            if meta is not None:
+                nodes[name].meta = meta
+
+    base_cache: dict[str, str] = {}
+
+    def base(name: str) -> str:
+        """The node whose storage ``name`` views (itself when it is not a view)."""
+        if name in base_cache:
+            return base_cache[name]
+        node, seen = nodes.get(name), name
+        result = name
+        if node is not None:
+            if node.kind == "call" and node.packet in _VIEW_OPS and node.args and isinstance(node.args[0], _Ref):
+                result = base(node.args[0].name)
+            elif node.kind == "getitem" and node.source in nodes:
+                src = nodes[node.source]
+                if src.kind == "call" and src.packet in _MULTI_VIEW_OPS and src.args and isinstance(src.args[0], _Ref):
+                    result = base(src.args[0].name)
+        base_cache[seen] = result
+        return result
+
+    def is_input(name: str) -> bool:
+        node = nodes.get(name)
+        return node is not None and node.kind == "input"
+
+    def nbytes(name: str) -> int:
+        node = nodes.get(name)
+        return node.meta.distinct_bytes if node is not None and node.meta is not None else 0
+
+    full: set[str] = set()
+    partial: dict[str, int] = {}
+    written: dict[str, int] = {}
+    flops: dict[str, int] = {}
+    flop_ops: list[tuple[str, int]] = []
+    for node in nodes.values():
+        if node.kind != "call" or node.packet in _VIEW_OPS or node.packet in _MULTI_VIEW_OPS:
+            continue
+        gather_arg = _GATHER_OPS.get(node.packet or "")
+        for pos, ref in _refs(node.args) + _refs(list(node.kwargs.values())):
+            b = base(ref.name)
+            if not is_input(b):
+                continue
+            if node.packet == "aten.copy_" and pos == 0:
+                written[b] = max(written.get(b, 0), nbytes(ref.name))  # input mutation: written, not read
+            elif gather_arg == pos:
+                partial[b] = partial.get(b, 0) + min(nbytes(node.name) or nbytes(ref.name), nbytes(ref.name))
+            elif ref.name != b:
+                partial[b] = partial.get(b, 0) + nbytes(ref.name)
+            else:
+                full.add(b)
+        count = _node_flops(node, nodes)
+        if count:
+            dtype = _operand_dtype(node, nodes)
+            flops[dtype] = flops.get(dtype, 0) + count
+            flop_ops.append((node.name, count))
+
+    bytes_read = 0
+    for name in {*full, *partial}:
+        whole = nbytes(name)
+        bytes_read += whole if name in full else min(whole, partial[name])
+
+    for value in returned:
+        if not isinstance(value, _Ref):
+            continue
+        b = base(value.name)
+        if is_input(b):
+            continue  # an input or a view of one: an alias, nothing to write
+        written[b] = max(written.get(b, 0), nbytes(value.name))
+    return GraphCost(bytes_read=bytes_read, bytes_written=sum(written.values()),
+                     flops_by_dtype=tuple(sorted(flops.items())), flop_ops=tuple(flop_ops))
+
+
+def _operand_dtype(node: _Node, nodes: dict[str, _Node]) -> str:
+    for _, ref in _refs(node.args):
+        src = nodes.get(ref.name)
+        if src is not None and src.meta is not None:
+            return src.meta.dtype
+    return node.meta.dtype if node.meta is not None else "bf16"
+
+
+def _node_flops(node: _Node, nodes: dict[str, _Node]) -> int:
+    """FLOPs of one call node by PyTorch's flop formulas; 0 for ops without one."""
+    if node.op is None or not node.op.startswith("aten."):
+        return 0
+    import torch
+    from torch.utils.flop_counter import flop_registry
+
+    parts = node.op.split(".")
+    packet = getattr(torch.ops.aten, parts[1], None)
+    formula = _extra_formula(parts[1]) if packet is not None and packet not in flop_registry else None
+    if packet is None or (packet not in flop_registry and formula is None):
+        return 0
+    formula = formula or flop_registry[packet]
+
+    def meta_tensor(name: str) -> Any:
+        src = nodes.get(name)
+        if src is None:
+            return None
+        if src.meta is None:  # a tuple-valued node: rebuild from its getitems
+            items = {n.index: n for n in nodes.values() if n.kind == "getitem" and n.source == name}
+            if not items:
+                return None
+            return tuple(meta_tensor(items[i].name) if i in items else None for i in range(max(items) + 1))
+        return torch.empty_strided(src.meta.shape, src.meta.stride, dtype=_torch_dtype(src.meta.dtype),
+                                   device="meta")
+
+    def convert(v: Any) -> Any:
+        if isinstance(v, _Ref):
+            return meta_tensor(v.name)
+        if isinstance(v, list):
+            return [convert(x) for x in v]
+        return v
+
+    args = [convert(a) for a in node.args]
+    kwargs = {k: convert(v) for k, v in node.kwargs.items()}
+    try:
+        count = int(formula(*args, out_val=meta_tensor(node.name), **kwargs))
+    except Exception as exc:  # noqa: BLE001 - a formula that cannot read these arguments
+        raise RooflineParseError(f"cannot count FLOPs of {node.name} = {node.op}: {exc}") from None
+    if _is_causal(node, packet, parts):
+        count //= 2
+    return count
+
+
+def _extra_formula(op: str) -> Any:
+    """Formulas PyTorch's registry lacks: the CPU flash-attention ops (CPU test mode graphs)."""
+    from torch.utils import flop_counter
+
+    if op == "_scaled_dot_product_flash_attention_for_cpu":
+        def forward(q: Any, k: Any, v: Any, *_: Any, out_val: Any = None, **__: Any) -> int:
+            return flop_counter.sdpa_flop_count(q.shape, k.shape, v.shape)
+        return forward
+    if op == "_scaled_dot_product_flash_attention_for_cpu_backward":
+        def backward(g: Any, q: Any, k: Any, v: Any, *_: Any, out_val: Any = None, **__: Any) -> int:
+            return flop_counter.sdpa_backward_flop_count(g.shape, q.shape, k.shape, v.shape)
+        return backward
+    return None
+
+
+def _is_causal(node: _Node, packet: Any, parts: list[str]) -> bool:
+    if "is_causal" in node.kwargs:
+        return bool(node.kwargs["is_causal"])
+    overload = getattr(packet, parts[2] if len(parts) > 2 else "default", None)
+    schema = getattr(overload, "_schema", None)
+    for i, arg in enumerate(getattr(schema, "arguments", ()) or ()):
+        if arg.name == "is_causal":
+            return i < len(node.args) and node.args[i] is True
+    return False
+
+
+# -------------------------------------------------------------------------------------------- floors
+
+def floor_from_cost(cost: GraphCost, limits: DeviceLimits) -> RooflineFloor:
+    """The floor of ``cost`` on a device with ``limits``.
+
+    ``floor_ms = max(bytes_moved / copy_gbps, Σ flops_d / rate_d)``; ``flops_tflops`` in the record is the
+    effective matrix rate ``flops / compute time`` (the bf16 rate when the graph runs no matrix FLOPs).
+    """
+    memory_s = cost.bytes_moved / (limits.copy_gbps * 1e9)
+    compute_s = sum(f / (limits.tflops_for(d) * 1e12) for d, f in cost.flops_by_dtype)
+    total = cost.flops
+    rate = total / compute_s / 1e12 if compute_s > 0 else limits.matmul_bf16_tflops
+    return RooflineFloor(bytes_moved=cost.bytes_moved, flops=total, bandwidth_gbps=limits.copy_gbps,
+                         flops_tflops=rate, floor_ms=1e3 * max(memory_s, compute_s))
+
+
+def floor_from_fx(fx_program: str, limits: DeviceLimits,
+                  inputs: Sequence[InputSpec] | None = None) -> RooflineFloor | None:
+    """:func:`graph_cost` then :func:`floor_from_cost`; ``None`` when the text cannot be costed."""
+    try:
+        return floor_from_cost(graph_cost(fx_program, inputs), limits)
+    except RooflineParseError:
+        return None
+
+
+def roofline_floor(graph: CapturedGraph, limits: DeviceLimits) -> RooflineFloor | None:
+    """Roofline floor of a captured graph (``None`` for dynamic-shape or uncostable programs).
+
+    Never raises for content reasons: a graph whose FX text cannot be costed simply has no floor.
+    """
+    return floor_from_fx(graph.fx_program, limits, graph.inputs)
+
+
+# --------------------------------------------------------------------------------------- measurement
+
+_LIMITS: dict[str, DeviceLimits] = {}
+_LIMITS_LOCK = threading.Lock()
+
+
+def clear_limits_cache() -> None:
+    """Forget every measured :class:`DeviceLimits` (tests; a process that changed its TF32 setting)."""
+    with _LIMITS_LOCK:
+        _LIMITS.clear()
+
+
+def measure_device_limits(device: Any = "cuda") -> DeviceLimits:
+    """Measure (once per process and device) the copy bandwidth and matrix rates of ``device``.
+
+    CUDA: a 256 MiB device-to-device ``copy_`` (512 MiB moved: read + write) and random-data
+    ``torch.mm`` products, bf16 8192³ and fp32 4096³, each timed with CUDA events, 3 warm-ups then the
+    median of 10 (copy: 20) calls. About 0.2 s and ~0.6 GB of transient device memory, returned to
+    PyTorch's caching allocator afterwards (not to the driver). CPU (test mode only): the same with
+    32 MiB / 256³ and the host clock.
+
+    Raises:
+        RuntimeError: CUDA requested but unavailable; ``torch.OutOfMemoryError`` when the buffers do not fit.
+    """
+    import torch
+
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    key = str(dev)
+    with _LIMITS_LOCK:
+        cached = _LIMITS.get(key)
+        if cached is not None:
+            return cached
+        limits = _measure(dev)
+        _LIMITS[key] = limits
+        return limits
+
+
+def _measure(dev: Any) -> DeviceLimits:
+    import torch
+
+    start_wall = time.perf_counter()
+    cuda = dev.type == "cuda"
+    if cuda and not torch.cuda.is_available():
+        raise RuntimeError(f"cannot measure {dev}: CUDA is not available")
+    copy_elems = (256 if cuda else 32) * 2**20 // 4
+    sizes = {"bf16": 8192, "f32": 4096} if cuda else {"bf16": 256, "f32": 256}
+    with torch.no_grad(), (torch.cuda.device(dev) if cuda else contextlib.nullcontext()):
+        src = torch.randn(copy_elems, device=dev)
+        dst = torch.empty_like(src)
+        copy_s = _median_seconds(lambda: dst.copy_(src), dev, warmup=3, reps=20 if cuda else 5)
+        del src, dst
+        rates = {}
+        for abbr, n in sizes.items():
+            dtype = torch.bfloat16 if abbr == "bf16" else torch.float32
+            a = torch.randn(n, n, device=dev, dtype=dtype)
+            b = torch.randn(n, n, device=dev, dtype=dtype)
+            out = torch.empty(n, n, device=dev, dtype=dtype)
+            seconds = _median_seconds(lambda a=a, b=b, out=out: torch.mm(a, b, out=out), dev, warmup=3,
+                                      reps=10 if cuda else 3)
+            rates[abbr] = 2 * n**3 / seconds / 1e12
+            del a, b, out
+    name = torch.cuda.get_device_name(dev) if cuda else "cpu"
+    return DeviceLimits(
+        device=str(dev), device_name=name, copy_gbps=2 * copy_elems * 4 / copy_s / 1e9,
+        matmul_bf16_tflops=rates["bf16"], matmul_fp32_tflops=rates["f32"],
+        method="cuda_event" if cuda else "host_clock", copy_bytes=copy_elems * 4,
+        matmul_sizes=tuple(sizes.items()), allow_tf32=bool(torch.backends.cuda.matmul.allow_tf32),
+        measured_s=time.perf_counter() - start_wall)
+
+
+def _median_seconds(fn: Any, dev: Any, *, warmup: int, reps: int) -> float:
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    if dev.type != "cuda":
+        samples = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - t0)
+        return statistics.median(samples)
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    torch.cuda.synchronize(dev)
+    for start, end in events:
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize(dev)
+    return statistics.median(s.elapsed_time(e) for s, e in events) / 1e3
