@@ -16,13 +16,23 @@ def isolated(tmp_path, monkeypatch):
     monkeypatch.delenv("TILESMITH_ALLOW_CPU", raising=False)
     monkeypatch.delenv("TILESMITH_MODEL", raising=False)
     monkeypatch.setenv("TILESMITH_CLIPROXYAPI_EXECUTABLE", str(tmp_path / "no-such-proxy"))
-    monkeypatch.setenv("PATH", str(tmp_path / "empty-path"))
+    monkeypatch.setenv("PATH", _path_without_proxy(tmp_path))
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
 
 
 X = torch.randn(4, 64)
+
+
+def _path_without_proxy(tmp_path):
+    """PATH with the compiler kept but no folder holding a CLIProxyAPI executable."""
+    import os
+
+    names = ("cliproxyapi", "cli-proxy-api")
+    keep = [d for d in os.environ.get("PATH", "").split(os.pathsep)
+            if d and not any(os.path.exists(os.path.join(d, n)) for n in names)]
+    return os.pathsep.join(keep)
 
 
 @pytest.mark.parametrize(

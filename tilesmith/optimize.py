@@ -144,6 +144,7 @@ def _from_cache(run: Any, handle: Any, track: Track, gate: Any) -> bool:
         run.diagnose("cache_error", f"graph {track.label}: artifact cache unreadable ({exc}); optimizing "
                      "as usual.", track.key, handle.graph.name)
         return False
+    _forward_cache_problems(run, track, store)
     if artifact is None:
         return False
     candidate = Candidate(source=artifact.source, proposer="cache", note=f"artifact {track.key[:8]}")
@@ -153,10 +154,8 @@ def _from_cache(run: Any, handle: Any, track: Track, gate: Any) -> bool:
                      f"on this run's inputs ({verdict.summary()}); optimizing as usual.", track.key,
                      handle.graph.name)
         return False
-    try:
-        store.write_cache_json(track.folder, track.key, artifact)
-    except Exception:  # noqa: BLE001
-        log.debug("tilesmith: writing cache.json failed", exc_info=True)
+    store.write_cache_json(track.folder, track.key, artifact)
+    _forward_cache_problems(run, track, store)
     if verdict.timing is None and verdict.confirmation is None:
         verdict = _verdict_from_artifact(verdict, artifact)
     record = install(run, handle, track, candidate, verdict, source="cache", loops=0)
@@ -170,19 +169,29 @@ def _from_cache(run: Any, handle: Any, track: Track, gate: Any) -> bool:
 def _store_artifact(run: Any, track: Track, candidate: Candidate, verdict: Verdict,
                     record: BenchmarkRecord) -> None:
     try:
-        from tilesmith.cache import Artifact, ArtifactStore
+        from tilesmith.cache import Artifact, ArtifactStore, environment_snapshot, reports_from_track
     except ImportError:
         return
     try:
-        reports = tuple(p.read_text(encoding="utf-8") for p in sorted(track.profiles.glob("*.json")))
-        artifact = Artifact(source=candidate.source, reports=reports, speedup=record.speedup,
-                            speedup_ci=record.speedup_ci, torch_inductor_ms=record.torch_inductor_ms,
-                            tilesmith_ms=record.tilesmith_ms, environment=run.versions(),
-                            graph_name=record.graph_name)
-        ArtifactStore(settings.cache_root()).put(track.key, artifact)
+        accepted = [e["id"] for e in track.state["evaluations"] if e.get("accepted") and e.get("id")]
+        artifact = Artifact(source=candidate.source, reports=reports_from_track(track.folder, accepted),
+                            speedup=record.speedup, speedup_ci=record.speedup_ci,
+                            torch_inductor_ms=record.torch_inductor_ms, tilesmith_ms=record.tilesmith_ms,
+                            environment=environment_snapshot(track.graph.device), graph_name=record.graph_name,
+                            kind=record.kind, proposer=candidate.proposer, origin_run_id=run.run_id,
+                            loops_accepted=record.loops_accepted, roofline_floor_ms=record.roofline_floor_ms)
+        store = ArtifactStore(settings.cache_root())
+        store.put(track.key, artifact)
+        _forward_cache_problems(run, track, store)
     except Exception as exc:  # noqa: BLE001
         run.diagnose("cache_error", f"graph {track.label}: could not store the artifact ({exc}); the "
                      "installed graph is unaffected.", track.key, record.graph_name)
+
+
+def _forward_cache_problems(run: Any, track: Track, store: Any) -> None:
+    """Turn the store's recorded problems (corrupted entry, unwritable disk) into run diagnostics."""
+    for problem in store.take_problems():
+        run.diagnose(problem.kind, f"graph {track.label}: {problem.message}", track.key, track.graph.name)
 
 
 def _verdict_from_artifact(verdict: Verdict, artifact: Any) -> Verdict:

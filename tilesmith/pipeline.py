@@ -81,6 +81,7 @@ class LiveRun:
             "created_utc": utc_now(), "agent_model": options.model_name, "agency": options.agency,
             "loops": options.loops, "max_model_calls": options.max_model_calls,
             "min_improvement": options.min_improvement})
+        self.folder.metadata.update(self._environment())
         self.diagnostics: list[Diagnostic] = []
         self.benchmarks: list[BenchmarkRecord] = []
         self.handles: list[GraphHandle] = []
@@ -180,6 +181,10 @@ class LiveRun:
                 log.debug("tilesmith: closing the optimizer factory failed", exc_info=True)
 
     # -- helpers ------------------------------------------------------------------------------
+    def _environment(self) -> dict[str, str]:
+        v = self.versions()
+        return {"torch": v["torch"], "triton": v["triton"], "cuda": v["cuda"], "device_name": v["gpu"]}
+
     def versions(self) -> dict[str, str]:
         if self._versions is None:
             self._versions = versions()

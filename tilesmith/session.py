@@ -69,6 +69,10 @@ class GraphSession:
             return "time_limit: TILESMITH_TURN_TIMEOUT_S elapsed"
         return None
 
+    def time_left_s(self) -> float:
+        """Seconds until ``TILESMITH_TURN_TIMEOUT_S`` ends this graph's optimization (≥ 0)."""
+        return max(0.0, self._deadline - time.monotonic())
+
     def stop(self, reason: str) -> None:
         """End the loop (e.g. the budget ran out); later ``new_turn`` calls raise ``StopOptimization``."""
         self._stopped = self._stopped or reason

@@ -131,6 +131,13 @@ _SETTINGS = (
     Setting("TILESMITH_ARTIFACT_CACHE", "1", _bool,
             "Reuse accepted wrappers from the artifact store (<root>/artifacts) and store new ones; 0 "
             "neither reads nor writes it, so every graph is optimized afresh."),
+    Setting("TILESMITH_GATE_PAIRS", "30", _positive_int,
+            "Paired timing samples (baseline and candidate, order randomized per pair) in each gate phase: "
+            "the first measurement and the fresh confirmation each take this many."),
+    Setting("TILESMITH_GATE_RUN_TIMEOUT_S", "120", _positive_float,
+            "Seconds one gate check or timing request may take once the candidate is loaded (extended "
+            "automatically for graphs whose original call is slow); past it the worker is killed and the "
+            "candidate rejected as a hang."),
 )
 
 REGISTRY: dict[str, Setting] = {}

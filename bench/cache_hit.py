@@ -1,0 +1,197 @@
+"""Time an artifact-cache hit adds to a warm start, compared with plain ``torch.compile`` (goal: ≤ 0.5 s).
+
+Usage::
+
+    python bench/cache_hit.py                     # CPU test mode (TILESMITH_ALLOW_CPU=1), scripted optimizer
+    python bench/cache_hit.py --device cuda       # on a GPU, with the built-in agent (tilesmith/builtin)
+    python bench/cache_hit.py --device cuda --repeats 5 --out results/
+
+Method (every measurement is a fresh Python process, so nothing is shared in memory):
+
+1. *seed*: one process runs ``tilesmith.compile`` on the model and calls it once, so the optimizer runs,
+   the gate accepts a candidate and the artifact store gets an entry (the run also warms Inductor's FX
+   graph cache in ``TORCHINDUCTOR_CACHE_DIR``).
+2. *plain*: ``torch.compile(model)``; wall time of the first call (Dynamo trace + Inductor warm start).
+   One discarded plain run first warms Inductor's caches for this arm too.
+3. *hit*: ``tilesmith.compile(model, ...)`` with the same optimizer; wall time of the first call (the same
+   warm start + cache lookup + the gate's re-check on this run's inputs + install). The child checks that
+   the optimizer was NOT invoked and that the installed record says ``source == "cache"``.
+
+Plain and hit runs alternate ``--repeats`` times; the script prints the medians and the added time
+(median hit − median plain), and writes ``cache_hit.json`` to ``--out`` (default ``$OUT`` when set).
+Nothing is asserted: this is a benchmark, not a test.
+
+Models: CPU — ``tanh(x @ w)`` written as broadcast-multiply-sum (64×512·512×256), with a scripted optimizer
+that replaces Inductor's C++ reduction loop by a BLAS ``mm`` (an honest, large win the gate accepts).
+CUDA — ``examples.models.MLPBlock`` (64×1024→4096→1024 fp32, launch-bound) with ``tilesmith/builtin``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+GOAL_S = 0.5
+
+
+# -- the child process -----------------------------------------------------------------------------------
+
+class MMFactory:
+    """Scripted optimizer for the CPU model: one turn replacing the C++ multiply-sum loop by ``mm``."""
+
+    name = "bench-mm"
+    _LOOP = re.compile(r"cpp_fused_mul_sum_tanh_unsqueeze_\d+\((buf\d+), (\w+), (\w+)\)")
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def for_graph(self, session):
+        self.calls += 1
+        return self
+
+    def optimize(self, session) -> None:
+        if session.stop_reason():
+            return
+        path = session.new_turn()
+        text = path.read_text()
+        new = self._LOOP.sub(r"extern_kernels.mm(\2, \3, out=\1); torch.tanh(\1, out=\1)", text, count=1)
+        if new != text:
+            path.write_text(new)
+            session.evaluate(proposer="bench:mm", note="BLAS mm instead of the C++ reduction loop")
+
+    def close(self) -> None:
+        pass
+
+
+def _model(device: str):
+    import torch
+
+    torch.manual_seed(0)
+    if device == "cpu":
+        class MulSum(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.w = torch.nn.Parameter(torch.randn(512, 256) / 512**0.5)
+
+            def forward(self, x):
+                return torch.tanh((x[:, :, None] * self.w[None]).sum(1))
+
+        return MulSum().eval(), torch.randn(64, 512)
+    sys.path.insert(0, str(REPO))
+    from examples.models import MLPBlock, randomize_
+
+    model = randomize_(MLPBlock()).to(device).eval()
+    return model, torch.randn(64, 1024, device=device)
+
+
+def child(mode: str, device: str) -> None:
+    import torch
+
+    if device == "cpu":
+        try:
+            from tilesmith._compat import fast_cpu_isa_probe
+
+            fast_cpu_isa_probe()
+        except ImportError:
+            pass
+    model, x = _model(device)
+    factory = MMFactory() if device == "cpu" else None
+    agent = factory if factory is not None else "tilesmith/builtin"
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    started = time.perf_counter()
+    if mode == "plain":
+        compiled = torch.compile(model)
+    else:
+        import tilesmith
+
+        compiled = tilesmith.compile(model, example_inputs=(x,), agent_model=agent, loops=1)
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        compiled(x)
+        sync()
+        first_call_s = time.perf_counter() - t0
+    result = {"mode": mode, "first_call_s": first_call_s, "total_s": time.perf_counter() - started}
+    if mode != "plain":
+        import tilesmith
+
+        result["sources"] = [r.source for r in tilesmith.benchmarks(compiled)]
+        result["speedups"] = [r.speedup for r in tilesmith.benchmarks(compiled)]
+        result["diagnostics"] = [d.kind for d in tilesmith.diagnostics(compiled)]
+        result["optimizer_calls"] = factory.calls if factory is not None else None
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+# -- the driver ------------------------------------------------------------------------------------------
+
+def _spawn(mode: str, device: str, env: dict[str, str], timeout_s: float) -> dict:
+    proc = subprocess.run([sys.executable, __file__, "--child", mode, "--device", device], capture_output=True,
+                          text=True, env=env, cwd=REPO, timeout=timeout_s)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        raise SystemExit(f"{mode} child failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cpu", help="cpu (test mode) or cuda")
+    parser.add_argument("--repeats", type=int, default=3, help="plain/hit pairs to measure (default 3)")
+    parser.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per child process")
+    parser.add_argument("--child", choices=["plain", "seed", "hit"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    device = "cuda:0" if args.device == "cuda" else args.device
+    if args.child:
+        child(args.child, device)
+        return 0
+
+    with tempfile.TemporaryDirectory(prefix="tilesmith-cache-hit-") as tmp:
+        env = {**os.environ, "TILESMITH_CACHE_DIR": str(Path(tmp) / "ts"), "TILESMITH_PROGRESS": "off",
+               "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(REPO / ".cache" / "inductor"))
+        if device == "cpu":
+            env["TILESMITH_ALLOW_CPU"] = "1"
+            env.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
+        seed = _spawn("seed", device, env, args.timeout)
+        print(f"seed run: first call {seed['first_call_s']:.2f} s, installed from {seed.get('sources')}, "
+              f"diagnostics {seed.get('diagnostics')}")
+        if "optimizer" not in (seed.get("sources") or []):
+            print("the seed run installed nothing, so there is no artifact to hit; nothing to measure")
+            return 1
+        _spawn("plain", device, env, args.timeout)  # warm Inductor's caches for the plain arm too (discarded)
+        plain, hit = [], []
+        for i in range(args.repeats):
+            plain.append(_spawn("plain", device, env, args.timeout))
+            hit.append(_spawn("hit", device, env, args.timeout))
+            print(f"pair {i + 1}: plain {plain[-1]['first_call_s']:.3f} s, hit {hit[-1]['first_call_s']:.3f} s "
+                  f"(sources {hit[-1].get('sources')}, optimizer calls {hit[-1].get('optimizer_calls')})")
+    all_hits = all(h.get("sources") == ["cache"] for h in hit)
+    not_optimized = all(h.get("optimizer_calls") in (0, None) for h in hit)
+    plain_s = statistics.median(p["first_call_s"] for p in plain)
+    hit_s = statistics.median(h["first_call_s"] for h in hit)
+    added = hit_s - plain_s
+    summary = {"device": device, "repeats": args.repeats, "plain_first_call_s": plain_s, "hit_first_call_s": hit_s,
+               "added_s": added, "goal_s": GOAL_S, "meets_goal": added <= GOAL_S, "every_hit_from_cache": all_hits,
+               "optimizer_skipped": not_optimized, "plain": plain, "hit": hit, "seed": seed}
+    print()
+    print("| device | plain first call (s) | cache-hit first call (s) | added (s) | goal (s) | all hits |")
+    print("|---|---|---|---|---|---|")
+    print(f"| {device} | {plain_s:.3f} | {hit_s:.3f} | {added:+.3f} | {GOAL_S} | {all_hits and not_optimized} |")
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "cache_hit.json").write_text(json.dumps(summary, indent=2))
+        print(f"wrote {args.out / 'cache_hit.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""Search worker: measures the original wrapper and its kernels' launch configurations on the GPU.
+
+Run as ``python -m tilesmith.agent.builtin.search_worker REQUEST.json RESULT.json`` by
+:func:`tilesmith.agent.builtin.profile.run_search` (a separate process, so that a kernel that fails to
+compile or crashes the CUDA context costs only the search). The request holds the wrapper source and
+``max_configs``; the result JSON holds:
+
+- ``eager_ms``: per-call time of ``call(args)`` called back to back, synchronized once per batch (best of 3
+  batches; the batch grows until it lasts ≥ 50 ms), i.e. the throughput max(host, GPU);
+- ``graph_ms``: the same for replays of one CUDA graph captured from ``call`` (GPU time without host
+  launch overhead), or ``capture_error`` when the capture raised;
+- ``kernels``: per tunable kernel, every planned configuration with its time in ms from Inductor's own
+  ``CachingAutotuner.benchmark_all_configs`` (``benchmarker.benchmark_gpu``: L2 flushed, in-place arguments
+  cloned, minimum of the runs) and whether it is one of Inductor's defaults; ``kernel_skips`` why other
+  kernels were not searched; ``errors``.
+
+Inputs come from the wrapper's own ``get_args()`` (``rand_strided``: normal floats, zero integers), drawn
+afresh for each phase because bodies may write into inputs they consume.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3:
+        print("usage: python -m tilesmith.agent.builtin.search_worker REQUEST.json RESULT.json", file=sys.stderr)
+        return 2
+    request = json.loads(Path(argv[1]).read_text(encoding="utf-8"))
+    started = time.monotonic()
+    try:
+        result = run(request)
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which skips the generator
+        result = {"errors": [f"{type(exc).__name__}: {exc}", traceback.format_exc(limit=8)]}
+    result["wall_s"] = time.monotonic() - started
+    Path(argv[2]).write_text(json.dumps(result), encoding="utf-8")
+    return 0
+
+
+def run(request: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    from tilesmith.agent.builtin import launch_config as lc
+
+    source = request["source"]
+    result: dict[str, Any] = {"kernels": {}, "kernel_skips": {}, "errors": []}
+    original = _load(source)
+    eager, graph, capture_error = measure_call(original.call, original.get_args)
+    result.update(eager_ms=eager, graph_ms=graph, capture_error=capture_error)
+    plans, skips = lc.plan_search(source, int(request.get("max_configs", lc.MAX_CONFIGS)))
+    result["kernel_skips"] = skips
+    if not plans:
+        return result
+    search = _load(lc.search_source(source, plans))
+    timings: dict[str, list[dict[str, Any]]] = {}
+    for plan in plans:
+        _instrument(getattr(search, plan.var), plan, timings, result["errors"])
+    search.call(list(search.get_args()))
+    torch.cuda.synchronize()
+    result["kernels"] = timings
+    return result
+
+
+def measure_call(call: Any, get_args: Any) -> tuple[float | None, float | None, str | None]:
+    """(eager ms/call, graph-replay ms/call or None, capture error or None) for ``call(get_args())``."""
+    import torch
+
+    args = get_args()
+
+    def once() -> None:
+        call(list(args))
+
+    for _ in range(3):
+        once()
+    torch.cuda.synchronize()
+    eager = _best_rate(once)
+    graph_ms, error = None, None
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            once()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
+            once()
+        graph.replay()
+        torch.cuda.synchronize()
+        graph_ms = _best_rate(graph.replay)
+    except Exception as exc:  # noqa: BLE001 - the body cannot be captured: report why
+        error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        try:
+            torch.cuda.synchronize()
+        except Exception:  # noqa: BLE001 - a broken context shows up in the kernel search next
+            pass
+    return eager, graph_ms, error
+
+
+def _best_rate(fn: Any) -> float:
+    import torch
+
+    n = 1
+    while True:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+        if time.perf_counter() - t0 >= 0.05 or n >= 4096:
+            break
+        n *= 2
+    best = float("inf")
+    for _ in range(3):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t0) / n * 1e3)
+    return best
+
+
+def _load(source: str) -> Any:
+    from torch._inductor.codecache import PyCodeCache
+
+    key, path = PyCodeCache.write(source)
+    return PyCodeCache.load_by_key_path(key, path, [], {})
+
+
+def _instrument(kernel: Any, plan: Any, timings: dict[str, list[dict[str, Any]]], errors: list[str]) -> None:
+    """Make ``kernel``'s first launch time every configuration, record them, and keep the fastest."""
+    original_run = kernel.run
+    defaults = [dict(c) for c in plan.configs[: plan.n_default]]
+
+    def run(*args: Any, stream: Any, **kwargs: Any) -> Any:
+        if plan.var not in timings:
+            timings[plan.var] = []
+            try:
+                if not kernel.launchers:
+                    kernel.precompile()
+                extra = {k: v for k, v in kwargs.items() if k != "benchmark_run"}
+                measured = kernel.benchmark_all_configs(*args, **extra)
+                for launcher, ms in measured.items():
+                    cfg = _config_dict(launcher.config, plan)
+                    timings[plan.var].append({"config": cfg, "ms": float(ms), "default": cfg in defaults})
+                kernel.launchers = [min(measured, key=measured.get)]
+            except Exception as exc:  # noqa: BLE001 - this kernel keeps Inductor's decorator
+                errors.append(f"{plan.var}: {type(exc).__name__}: {exc}")
+                timings.pop(plan.var, None)
+        return original_run(*args, stream=stream, **kwargs)
+
+    kernel.run = run
+
+
+def _config_dict(config: Any, plan: Any) -> dict[str, Any]:
+    """The planned dict this launcher config came from (XBLOCK=1 may have been dropped by Inductor)."""
+    got = {**dict(config.kwargs), "num_warps": int(config.num_warps), "num_stages": int(config.num_stages)}
+    for planned in plan.configs:
+        trimmed = {k: v for k, v in planned.items() if k in got}
+        if trimmed == got and all(v == 1 for k, v in planned.items() if k not in got):
+            return dict(planned)
+    return got
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
