@@ -89,8 +89,17 @@ def load(source: str):
     return PyCodeCache.load_by_key_path(key, path, [], {})
 
 
-def tolerance(t: torch.Tensor) -> dict[str, float]:
-    return {"rtol": 2e-2, "atol": 2e-2} if t.dtype in (torch.bfloat16, torch.float16) else {"rtol": 1e-4, "atol": 1e-4}
+def assert_equivalent(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Same values up to rounding: a changed launch configuration (e.g. a reduction block size) changes the
+    summation order, so elementwise tolerances see 1-ulp flips on large bf16 values (8.0 at |x|≈1500) and on
+    cancelling fp32 sums. Checked instead: identical NaN/Inf positions and a relative L2 error under the
+    dtype's rounding level (METHOD.md: fp32 far under 1e-3, bf16 between 1e-3 and 1e-2)."""
+    assert torch.equal(torch.isnan(got), torch.isnan(want)) and torch.equal(torch.isinf(got), torch.isinf(want))
+    finite = torch.isfinite(want)
+    g, w = got[finite].double(), want[finite].double()
+    limit = 1e-2 if want.dtype in (torch.bfloat16, torch.float16) else 1e-5
+    err = float((g - w).norm() / w.norm().clamp_min(1e-30))
+    assert err < limit, f"relative L2 error {err:.3g} >= {limit}"
 
 
 def compare(original, candidate, *, calls: int = 5, exact: bool = False) -> list:
@@ -109,7 +118,7 @@ def compare(original, candidate, *, calls: int = 5, exact: bool = False) -> list
             if exact:
                 assert torch.equal(g, e), (step, k)
             else:
-                torch.testing.assert_close(g, e, **tolerance(e))
+                assert_equivalent(g, e)
         last = got
     return last
 

@@ -32,13 +32,12 @@ Input staging (how one graph with fixed addresses serves calls with changing ten
 
 Calls: the first call runs the original body eagerly (it compiles and autotunes the Triton kernels); the
 second captures (warm-up on a side stream, then capture into a private memory pool) and replays. A capture
-that fails (an operation that cannot be captured) permanently falls back to the eager body; ``status`` says
-why.
+that fails raises: the gate has then rejected the candidate in its worker before it could be installed.
+Calls are not serialized with a lock (no ``threading`` in candidates): like Inductor's own wrappers, one
+graph is called from one thread at a time.
 """
 
 # BEGIN EMBEDDED
-import threading
-
 import torch
 
 
@@ -85,7 +84,6 @@ class _TilesmithCUDAGraphCall:
         self.status = "eager: the first call runs the original body (kernel compilation and autotuning)"
         self.captures = 0
         self.replays = 0
-        self._lock = threading.Lock()
         self._calls = 0
         self._prev_ptrs = None
         self._demoted = set()
@@ -106,8 +104,7 @@ class _TilesmithCUDAGraphCall:
     def __call__(self, args):
         inputs = list(args)
         args.clear()
-        with self._lock:
-            return self._run(inputs)
+        return self._run(inputs)
 
     def _run(self, inputs):
         self._calls += 1
@@ -128,13 +125,9 @@ class _TilesmithCUDAGraphCall:
                 self._demoted.update(i for i, p in self._pinned_ptrs if i < len(ptrs) and ptrs[i] != p)
         elif self.captures >= self.MAX_CAPTURES:
             return self.eager_call(inputs)
-        try:
-            self._capture(inputs, ptrs, prev)
-        except Exception as exc:  # an operation that cannot be captured: keep the eager body
-            self._drop_graph()
-            self._disabled = True
-            self.status = f"eager: CUDA graph capture failed ({type(exc).__name__}: {exc})"
-            return self.eager_call(inputs)
+        # A capture failure propagates: the gate rejects such a candidate in its worker, with the reason,
+        # instead of a broad handler silently keeping a slower path (the gate's static_try_except rule).
+        self._capture(inputs, ptrs, prev)
         return self._replay(inputs)
 
     def _fits(self, inputs, ptrs):

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The GPU test suite and the benchmarks, in one call on a CUDA machine (the H200 through the device tool).
+#
+#   scripts/gpu-suite.sh [tests] [main] [overhead] [cache] [bench] [calib] [llm]   # default: tests main overhead
+#
+# Results go to $OUT (the device tool's output folder) or ./gpu-out. Wheels for packages missing on the
+# machine (the LLM stack) travel in .device/whl and are installed to /tmp/site first when present; a
+# CLIProxyAPI binary travels as .device/cli-proxy-api.gz.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-$PWD/gpu-out}"; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-/tmp/inductor-gpu}"
+export TILESMITH_CACHE_DIR="${TILESMITH_CACHE_DIR:-/tmp/tilesmith-gpu}" PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+PY="${PYTHON:-python3}"
+if compgen -G ".device/whl/*.whl" >/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .device/whl/*.whl \
+    && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
+if [[ -f .device/cli-proxy-api.gz ]]; then
+  mkdir -p .cache/bin && gunzip -c .device/cli-proxy-api.gz > .cache/bin/cli-proxy-api && chmod +x .cache/bin/cli-proxy-api
+fi
+parts=("$@"); [[ ${#parts[@]} -eq 0 ]] && parts=(tests main overhead)
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+"$PY" -c "import torch, triton, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
+rc=0
+for part in "${parts[@]}"; do
+  echo "=== $part ($(date +%T))"
+  case "$part" in
+    tests)    "$PY" -m pytest -q -ra -s -m gpu -p no:cacheprovider tests/gpu tests/test_roofline.py tests/test_bench_suite.py \
+                tests/test_llm_profiling.py 2>&1 | tee "$OUT/gpu-tests.log" | grep -vE "^DEBUG" ; rc=$((rc|${PIPESTATUS[0]})) ;;
+    main)     "$PY" examples/main_job.py 2>&1 | tee "$OUT/main-job.log"; rc=$((rc|${PIPESTATUS[0]})) ;;
+    overhead) "$PY" bench/call_overhead.py 2>&1 | tee "$OUT/call-overhead.log"; rc=$((rc|${PIPESTATUS[0]})) ;;
+    cache)    "$PY" bench/cache_hit.py --device cuda --repeats 3 2>&1 | tee "$OUT/cache-hit.log"; rc=$((rc|${PIPESTATUS[0]})) ;;
+    bench)    "$PY" bench/suite.py --out "$OUT/benchmarks" --budget-s "${BENCH_BUDGET_S:-480}" --timeout-per-case 240 2>&1 \
+                | tee "$OUT/bench.log"; rc=$((rc|${PIPESTATUS[0]})) ;;
+    calib)    "$PY" bench/gate_calibration.py 2>&1 | tee "$OUT/gate-calibration.log"; rc=$((rc|${PIPESTATUS[0]})) ;;
+    llm)      "$PY" -m pytest -q -ra -s -m gpu tests/gpu/test_llm_e2e_gpu.py 2>&1 | tee "$OUT/llm-e2e.log"; rc=$((rc|${PIPESTATUS[0]})) ;;
+    *)        echo "unknown part $part"; rc=2 ;;
+  esac
+done
+echo "=== done rc=$rc ($(date +%T))"
+exit $rc
