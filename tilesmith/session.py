@@ -8,8 +8,10 @@ accepted candidate becomes the incumbent, and the stop rule (protocol module doc
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import time
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,7 @@ class GraphSession:
         limit = time_limit_s if time_limit_s is not None else settings.get("TILESMITH_TURN_TIMEOUT_S")
         self._deadline = time.monotonic() + limit
         self._stopped: str | None = None
+        self._host_rejections = 0
         self._last_text = with_fx_header(self.graph.fx_program, self.graph.canonical_source)
         self._seen: dict[str, str] = {_digest(self.graph.canonical_source): "the original Inductor wrapper"}
 
@@ -119,6 +122,33 @@ class GraphSession:
         log.info("tilesmith: graph %s %s by %s in %.1f s: %s", self.track.label,
                  "accepted" if verdict.accepted else "rejected", proposer, time.monotonic() - started,
                  verdict.summary())
+        self._report_progress()
+        return verdict
+
+    def reject(self, source: str, *, proposer: str, reasons: tuple[str, ...] | list[str],
+               status: str = "rejected_policy", note: str = "") -> Verdict:
+        """Record a rejection the host made without running the gate (e.g. agency low's launch-order rule).
+
+        The verdict is recorded like a gate verdict (``track.json`` evaluations, ``profiles/<id>.json``) and
+        the source becomes the most recently evaluated one.
+        """
+        text = source if source.startswith("# ----") else with_fx_header(self.graph.fx_program, source)
+        attempt_path = self.current_attempt()
+        self._host_rejections += 1
+        eval_id = f"h{self._host_rejections:04d}"
+        verdict = Verdict(accepted=False, status=status, reasons=tuple(reasons), evaluation_id=eval_id)  # type: ignore[arg-type]
+        report = self.track.profiles / f"{eval_id}.json"
+        try:
+            self.track.profiles.mkdir(parents=True, exist_ok=True)
+            report.write_text(json.dumps({"evaluation_id": eval_id, "graph": self.track.label, "proposer": proposer,
+                                          "note": note, "verdict": asdict(verdict),
+                                          "candidate_sha256": _digest(strip_fx_header(text))}, indent=1))
+            verdict = replace(verdict, report_path=str(report))
+        except OSError:
+            log.debug("tilesmith: could not write %s", report, exc_info=True)
+        self._last_text = text
+        self.verdicts.append(verdict)
+        self.track.record_evaluation(eval_id, self.track.ring.slot_of(attempt_path), proposer, verdict)
         self._report_progress()
         return verdict
 

@@ -64,6 +64,10 @@ class Session(Protocol):
         identical to an earlier evaluated one is answered ``rejected_duplicate`` without running the gate.
         """
 
+    def reject(self, source: str, *, proposer: str, reasons: tuple[str, ...] | list[str],
+               status: str = "rejected_policy", note: str = "") -> Verdict:
+        """Record a host rejection made without the gate (a mechanically checked rule, e.g. agency low)."""
+
     def incumbent_source(self) -> str:
         """Source the next accepted candidate must beat (the original wrapper before any acceptance)."""
 

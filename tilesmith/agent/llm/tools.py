@@ -124,8 +124,12 @@ class TurnState:
             check = check_agency(self.agency, self.original_source, text)
             if not check.ok:
                 self.host_rejections.append("; ".join(check.reasons))
+                reject = getattr(self.session, "reject", None)
+                verdict = reject(text, proposer=self.proposer, reasons=tuple(check.reasons), note=note[:200]) \
+                    if callable(reject) else None
                 self._emit("evaluation", by=by, status="rejected_policy", summary="host agency check",
-                           reasons=list(check.reasons), report=None)
+                           reasons=list(check.reasons),
+                           report=_virtual(self.session.workspace, verdict.report_path) if verdict else None)
                 return ("REJECTED by the host before the gate (rejected_policy):\n"
                         + "\n".join(f"- {r}" for r in check.reasons))
             try:
