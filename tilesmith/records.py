@@ -106,6 +106,8 @@ class Timing:
     original_ms: tuple[float, ...] | None = None
     """Samples of the original Inductor wrapper when the baseline is an earlier accepted candidate."""
     speedup_vs_original: float | None = None
+    speedup_vs_original_ci: tuple[float, float] | None = None
+    """95 % percentile-bootstrap interval of ``speedup_vs_original`` (same construction as ``ci_low``/``ci_high``)."""
 
     @property
     def baseline_median_ms(self) -> float:

@@ -101,8 +101,9 @@ _SETTINGS = (
     Setting("TILESMITH_WORKER_START_TIMEOUT_S", "180", _positive_float,
             "Seconds a gate worker may take to start (import torch, create its CUDA context)."),
     Setting("TILESMITH_WORKER_TIMEOUT_S", "300", _positive_float,
-            "Seconds one gate request (load a candidate, compile its kernels, run all checks or "
-            "all timing samples) may take before the worker is killed and the candidate rejected."),
+            "Seconds a gate worker may take to initialize and to load a candidate (import it and compile "
+            "its kernels) before it is killed and the candidate rejected; check and timing requests use "
+            "TILESMITH_GATE_RUN_TIMEOUT_S."),
     Setting("TILESMITH_TURN_TIMEOUT_S", "1800", _positive_float,
             "Wall-clock seconds one graph's optimization may take in total; the loop stops after "
             "the turn that crosses it."),

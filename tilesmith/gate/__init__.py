@@ -1,1 +1,27 @@
-"""gate stage."""
+"""gate stage: the host-owned decision on candidate wrappers (see :mod:`tilesmith.gate.gate`).
+
+Public: :class:`Gate`, :class:`GateProblem`. Importing this package is cheap; the gate's modules (and
+torch) load on first attribute access, so ``python -m tilesmith.gate.worker`` pays nothing extra.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tilesmith.gate.gate import Gate
+    from tilesmith.gate.problem import GateProblem
+
+__all__ = ["Gate", "GateProblem"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Gate":
+        from tilesmith.gate.gate import Gate
+
+        return Gate
+    if name == "GateProblem":
+        from tilesmith.gate.problem import GateProblem
+
+        return GateProblem
+    raise AttributeError(f"module 'tilesmith.gate' has no attribute {name!r}")

@@ -1,0 +1,81 @@
+"""Text helpers shared by the CPU and GPU cheat generators (they edit ``Runner.call`` of a wrapper)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from collections.abc import Callable
+
+_UNPACK = re.compile(r"^[ \t]*((?:\w+, )*\w+),? = args[ \t]*$", re.M)
+_RETURN = re.compile(r"^([ \t]*)return \((.*)\)[ \t]*$", re.M)
+
+
+@dataclass(frozen=True)
+class Cheat:
+    """One cheating candidate: how to derive it, and the check id and status the gate must answer."""
+
+    name: str
+    graph: str
+    make: Callable[[str], str]
+    check: str
+    status: str
+    what: str
+
+
+def arg_names(src: str) -> list[str]:
+    match = _UNPACK.search(src)
+    if not match:
+        raise ValueError("no `... = args` line in the wrapper")
+    return [a.strip() for a in match.group(1).split(",") if a.strip()]
+
+
+def _call_return(src: str) -> re.Match[str]:
+    """The return statement that ends ``call`` (the least-indented ``return (`` after ``args.clear()``)."""
+    start = src.index("args.clear()")
+    stop = src.find("\nrunner = ", start)
+    matches = list(_RETURN.finditer(src, start, stop if stop != -1 else len(src)))
+    if not matches:
+        raise ValueError("no return line in call")
+    least = min(len(m.group(1)) for m in matches)
+    return [m for m in matches if len(m.group(1)) == least][-1]
+
+
+def out_names(src: str) -> list[str]:
+    return [a.strip() for a in _call_return(src).group(2).split(",") if a.strip()]
+
+
+def body_indent(src: str) -> str:
+    return _call_return(src).group(1)
+
+
+def before_return(src: str, lines: list[str], new_return: str | None = None) -> str:
+    """Insert ``lines`` before ``call``'s return; optionally replace the returned tuple text."""
+    match = _call_return(src)
+    indent = match.group(1)
+    ret = f"{indent}return ({new_return if new_return is not None else match.group(2)})"
+    block = "".join(f"{indent}{line}\n" for line in lines) + ret
+    return src[: match.start()] + block + src[match.end():]
+
+
+def after_clear(src: str, lines: list[str]) -> str:
+    """Insert ``lines`` right after ``args.clear()`` (same indentation)."""
+    i = src.index("args.clear()")
+    line_start = src.rfind("\n", 0, i) + 1
+    indent = src[line_start:i]
+    end = src.index("\n", i) + 1
+    return src[:end] + "".join(f"{indent}{line}\n" for line in lines) + src[end:]
+
+
+def replace_body(src: str, lines: list[str]) -> str:
+    """Replace everything between ``args.clear()`` and the return (inclusive) with ``lines``."""
+    i = src.index("args.clear()")
+    end = src.index("\n", i) + 1
+    match = _call_return(src)
+    indent = match.group(1)
+    return src[:end] + "".join(f"{indent}{line}\n" for line in lines) + src[match.end() + 1:]
+
+
+def module_code(src: str, code: str) -> str:
+    """Top-level code just before ``class Runner`` (it runs when the module is imported)."""
+    i = src.index("class Runner")
+    return src[:i] + code.strip("\n") + "\n\n\n" + src[i:]

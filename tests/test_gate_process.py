@@ -1,0 +1,130 @@
+"""Worker-process plumbing: scrubbed environment, redaction, exit descriptions, protocol framing, the
+size check before loading worker files, and the worker-side guards (in-process unit tests)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tilesmith.errors import WorkerError
+from tilesmith.gate import protocol, torchstate
+from tilesmith.gate.process import describe_exit, redact, worker_environment
+from tilesmith.gate.reference import OutputTooLarge, load_outputs
+from tilesmith.gate.worker_runtime import GuardedAllocator, InputSet, output_facts
+
+
+def test_worker_environment_has_no_secrets():
+    env = {"PATH": "/usr/bin", "HOME": "/home/u", "OPENAI_API_KEY": "sk-aaaaaaaaaaaaaaaaaaaa",
+           "ANTHROPIC_API_KEY": "x" * 30, "TILESMITH_API_KEY": "t" * 20, "TILESMITH_MODEL": "gpt",
+           "GITHUB_TOKEN": "ghp_x", "DB_PASSWORD": "pw", "AWS_SECRET_ACCESS_KEY": "s",
+           "COPY_OF_KEY_VALUE": "prefix-sk-aaaaaaaaaaaaaaaaaaaa", "TORCHINDUCTOR_CACHE_DIR": "/tmp/ic",
+           "CUDA_VISIBLE_DEVICES": "0", "PYTHONPATH": "/opt/lib"}
+    clean = worker_environment(env)
+    assert set(clean) >= {"PATH", "HOME", "TORCHINDUCTOR_CACHE_DIR", "CUDA_VISIBLE_DEVICES", "PYTHONPATH"}
+    for gone in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "TILESMITH_API_KEY", "TILESMITH_MODEL", "GITHUB_TOKEN",
+                 "DB_PASSWORD", "AWS_SECRET_ACCESS_KEY", "COPY_OF_KEY_VALUE"):
+        assert gone not in clean
+    assert not any("sk-aaaa" in v for v in clean.values())
+    assert clean["PYTHONPATH"].endswith("/opt/lib") and clean["TORCHINDUCTOR_COMPILE_THREADS"] == "1"
+
+
+def test_redaction_replaces_key_values(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "my-very-secret-value-123")
+    assert redact("error: my-very-secret-value-123 rejected") == "error: <redacted> rejected"
+    assert "<redacted>" in redact("token sk-abcdefghijklmnopqrstuvwx here")
+
+
+def test_exit_descriptions_name_signals():
+    assert describe_exit(-11) == "killed by signal SIGSEGV (11)"
+    assert describe_exit(3) == "exited with status 3"
+
+
+def test_protocol_round_trip_and_non_finite_floats():
+    line = protocol.dumps({"id": 1, "x": float("nan"), "y": [float("inf"), 1.5]})
+    assert line.endswith(b"\n")
+    assert protocol.loads(line) == {"id": 1, "x": "nan", "y": ["inf", 1.5]}
+    with pytest.raises(ValueError):
+        protocol.loads(b"[1, 2]")
+
+
+def test_oversized_worker_file_is_refused_before_loading(tmp_path):
+    path = tmp_path / "out.pt"
+    torch.save({"outputs": [torch.zeros(1 << 20)], "mutated_inputs": []}, path)
+    with pytest.raises(OutputTooLarge):
+        load_outputs(path, expected_bytes=1024, tensors=1)
+    assert load_outputs(path, expected_bytes=4 << 20, tensors=1)["outputs"][0].numel() == 1 << 20
+
+
+def test_worker_file_with_other_objects_is_refused(tmp_path):
+    path = tmp_path / "out.pt"
+    torch.save({"outputs": [{"not": "a tensor"}]}, path)
+    with pytest.raises(WorkerError):
+        load_outputs(path, expected_bytes=1 << 20)
+
+
+def test_guarded_inputs_tell_mutations_from_out_of_bounds_writes():
+    x = torch.randn(10, 20)[:, 3:11]
+    iset = InputSet([x, 3], torch.device("cpu"), guarded=True)
+    t = iset.values[0]
+    assert torch.equal(t, x) and t.stride() == x.stride() and t.storage_offset() == x.storage_offset()
+    iset.arm()
+    assert iset.changes() == []
+    t[0, 0] += 1
+    assert iset.changes() == [{"index": 0, "in_view": True, "outside_view": False}]
+    iset.arm()
+    t.untyped_storage()[0] = 7  # a byte of the offset prefix, outside the view
+    assert iset.changes() == [{"index": 0, "in_view": False, "outside_view": True}]
+
+
+def test_guarded_allocations_poison_and_catch_writes_past_the_end():
+    guard = GuardedAllocator(torch.device("cpu"))
+    space = {"empty_strided_cpu": torch._C._dynamo.guards._empty_strided_cpu}
+    saved = guard.install(space)
+    guard.reset(0xFF)
+    buf = space["empty_strided_cpu"]((4, 4), (4, 1), torch.float32)
+    assert torch.isnan(buf).all()
+    buf.fill_(1.0)
+    assert guard.violations([buf]) == []
+    buf.untyped_storage()[64] = 0  # the first guard byte after 16 floats
+    [hit] = guard.violations([buf])
+    assert hit["output_index"] == 0 and hit["shape"] == [4, 4]
+    GuardedAllocator.uninstall(space, saved)
+    assert space["empty_strided_cpu"] is torch._C._dynamo.guards._empty_strided_cpu
+
+
+def test_output_facts_report_identity_views_and_foreign_types():
+    a, b = torch.randn(4), torch.randn(4)
+    out = (a, a[:2], torch.randn(3), None, 5, torch.randn(2).as_subclass(type("Sub", (torch.Tensor,), {})))
+    facts = output_facts(out, [a, b])
+    assert facts[0]["input_identity"] == 0 and facts[1]["input_identity"] is None and facts[1]["input_storage"] == 0
+    assert facts[0]["shares_outputs"] == [1] and facts[2]["input_storage"] is None
+    assert facts[3] == {"kind": "none"} and facts[4] == {"kind": "scalar", "value": 5}
+    assert facts[5]["kind"] == "other"
+
+
+def test_identity_snapshot_sees_replaced_functions_and_added_methods():
+    import time
+
+    before = torchstate.identity_snapshot()
+    original = time.perf_counter_ns
+    try:
+        time.perf_counter_ns = lambda: 0  # type: ignore[assignment]
+        torch.Tensor._tilesmith_test_method = lambda self: 0  # type: ignore[attr-defined]
+        changed = torchstate.diff_identities(before, torchstate.identity_snapshot())
+    finally:
+        time.perf_counter_ns = original
+        del torch.Tensor._tilesmith_test_method
+    assert "time.perf_counter_ns" in changed
+    assert "torch.Tensor._tilesmith_test_method (added)" in changed
+    assert torchstate.diff_identities(before, torchstate.identity_snapshot()) == []
+
+
+def test_state_snapshot_sees_precision_flags():
+    before = torchstate.state_snapshot("cpu")
+    old = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("medium")
+        changed = torchstate.diff_state(before, torchstate.state_snapshot("cpu"))
+    finally:
+        torch.set_float32_matmul_precision(old)
+    assert "cuda.matmul.fp32_precision" in changed or "mkldnn.matmul.fp32_precision" in changed

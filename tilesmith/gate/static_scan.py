@@ -1,0 +1,365 @@
+"""Static scan of a candidate wrapper for clear cheats, before any of its code runs.
+
+A scanner is a pattern chase (GPU MODE's red-team conclusion, anchors.md §2); the structural defences
+are the isolated worker, the host-side comparison and statistics, and the runtime identity/state
+checks. The scan exists to reject the obvious cases early with a message an agent can act on, and it is
+tuned to accept every wrapper Inductor generates (tests run it over the H200 fixtures and CPU wrappers).
+
+Python is scanned with :mod:`ast`: the wrapper itself and every Triton kernel source string passed to
+``async_compile.triton(...)`` (Inductor imports those strings as Python modules, so their top-level
+code runs on the host). C++/CUDA strings (``async_compile.cpp_pybinding``/``cuda``, ``load_inline``)
+get a regular-expression scan for threads, processes, files, sockets and dynamic loading.
+Each rule below carries its ``# Rationale:``.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+
+from tilesmith.records import CheckFailure
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule: str
+    line: int
+    detail: str
+
+
+# Rationale: threads, processes, signals and async loops let work continue after `call` returns, outside
+# every timing sample and after the outputs were checked (DeepReinforce thread injection, anchors.md §2).
+_CONCURRENCY_MODULES = {"threading", "_thread", "multiprocessing", "concurrent", "subprocess", "asyncio",
+                        "signal", "sched", "torch.multiprocessing", "queue"}
+# Rationale: raw memory access (ctypes beyond its scalar types, cffi, mmap) bypasses every runtime check:
+# it can patch interpreter state, read the harness's memory or forge results. Inductor wrappers import
+# only `from ctypes import c_void_p, c_long, c_int`.
+_NATIVE_MODULES = {"ctypes", "cffi", "mmap", "_ctypes"}
+# Rationale: introspection reaches the harness's frames, modules and objects (gc.get_objects,
+# sys._getframe, inspect) — the route to replacing its functions or reading the reference's results.
+_INTROSPECTION_MODULES = {"gc", "inspect", "sys", "importlib", "builtins", "__main__", "tilesmith", "dis",
+                          "types", "code", "codeop", "runpy", "pkgutil", "weakref", "atexit", "faulthandler",
+                          "tracemalloc", "pdb", "resource"}
+# Rationale: a wrapper computes from its arguments; reading files outside its module (other runs, keys,
+# cached results) or writing them (result caches across processes) has no legitimate use.
+_FILE_MODULES = {"pathlib", "shutil", "glob", "io", "pickle", "marshal", "shelve", "dbm", "sqlite3", "zipfile",
+                 "tarfile", "fileinput", "csv"}
+# Rationale: no network access from a wrapper (exfiltration, remote results).
+_NETWORK_MODULES = {"socket", "ssl", "http", "urllib", "urllib3", "requests", "httpx", "ftplib", "smtplib",
+                    "xmlrpc", "aiohttp", "websocket", "websockets", "telnetlib", "paramiko"}
+
+# Rationale: torch and other packages re-export modules (torch.sys, torch.cuda.threading, torch.os); an
+# attribute path through one of these is the same as importing it.
+_REEXPORTED = {**{m: "static_concurrency" for m in ("threading", "_thread", "multiprocessing", "subprocess",
+                                                    "signal", "asyncio", "concurrent")},
+               **{m: "static_native_memory" for m in ("ctypes", "cffi", "mmap")},
+               **{m: "static_introspection" for m in ("sys", "gc", "inspect", "importlib", "builtins")},
+               **{m: "static_network" for m in ("socket", "urllib", "requests")}}
+
+_MODULE_RULES = [(m, "static_concurrency") for m in _CONCURRENCY_MODULES] + \
+    [(m, "static_native_memory") for m in _NATIVE_MODULES] + \
+    [(m, "static_introspection") for m in _INTROSPECTION_MODULES] + \
+    [(m, "static_file_access") for m in _FILE_MODULES] + \
+    [(m, "static_network") for m in _NETWORK_MODULES]
+
+# Rationale: these builtins run or reach code and objects the scan cannot see (exec/eval/compile/__import__)
+# or rebind attributes of shared modules (setattr/delattr); globals()/locals() expose namespaces.
+_FORBIDDEN_BUILTINS = {"exec": "static_introspection", "eval": "static_introspection",
+                       "compile": "static_introspection", "__import__": "static_introspection",
+                       "globals": "static_introspection", "locals": "static_introspection",
+                       "vars": None, "breakpoint": "static_introspection", "input": "static_introspection",
+                       "setattr": "static_monkeypatch", "delattr": "static_monkeypatch",
+                       "open": "static_file_access", "exit": "static_process_control",
+                       "quit": "static_process_control"}
+# Rationale: frame, code and namespace attributes are how a candidate reaches the caller (the harness)
+# or rewrites functions in place.
+_DUNDER_ATTRS = {"__dict__", "__globals__", "__code__", "__closure__", "__builtins__", "__subclasses__",
+                 "__bases__", "__mro__", "f_back", "f_globals", "f_locals", "f_builtins", "f_code", "tb_frame",
+                 "gi_frame", "cr_frame", "ag_frame", "__getattribute__", "__setattr__", "__class__", "__kwdefaults__",
+                 "__defaults__", "__self__", "__func__", "__wrapped__"}
+# Rationale: os is imported by every wrapper but only these names are harmless; process control
+# (fork, kill, _exit, exec*, system) and file/environment access are not.
+_OS_ALLOWED = {"path", "sep", "linesep", "name", "cpu_count", "getpid"}
+# Rationale: global numeric and runtime state belongs to the user; flipping it makes the original
+# slower or less precise for everything else in the process (TF32, matmul precision, reduced-precision
+# reductions, determinism, SDPA backends, RNG seeds, allocator settings, the current stream).
+_GLOBAL_STATE_NAMES = {"set_float32_matmul_precision", "allow_tf32", "fp32_precision",
+                       "allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction",
+                       "allow_fp16_accumulation", "use_deterministic_algorithms", "set_deterministic_debug_mode",
+                       "manual_seed", "manual_seed_all", "seed", "seed_all", "set_rng_state", "set_rng_state_all",
+                       "set_default_dtype", "set_default_device", "set_default_tensor_type", "set_num_threads",
+                       "set_num_interop_threads", "set_flush_denormal", "set_per_process_memory_fraction",
+                       "_set_allocator_settings", "_accelerator_setAllocatorSettings", "change_current_allocator",
+                       "set_allocator_settings", "set_stream", "set_sync_debug_mode", "enable_flash_sdp",
+                       "enable_mem_efficient_sdp", "enable_math_sdp", "enable_cudnn_sdp", "set_grad_enabled",
+                       "set_printoptions", "set_warn_always", "_set_cudnn_enabled", "set_rng_state_offset",
+                       "_set_persisting_l2_cache_size", "cudaDeviceSetLimit", "load_library"}
+# Rationale: names the wrapper receives as modules or shared helpers; assigning to their attributes
+# monkeypatches code the original wrapper, the harness or the user's program also runs.
+_MODULE_ALIASES_DEFAULT = {"torch", "triton", "tl", "time", "math", "os", "random", "tempfile", "aten",
+                           "inductor_ops", "extern_kernels", "async_compile", "triton_helpers", "triton_heuristics",
+                           "libdevice", "tl_math", "np", "numpy", "cmath", "_quantized"}
+# Rationale: a broad handler can hide a failing fast path and silently switch to another implementation
+# whose speed and results were never measured on the path that actually ran (Kevin-32B / Makora
+# "fallback to reference", anchors.md §2). A wrapper's failures must surface.
+_BROAD_EXCEPTIONS = {"Exception", "BaseException", "RuntimeError", "AssertionError", "torch.OutOfMemoryError"}
+# Rationale: native code in strings: threads/processes/files/sockets/dynamic loading have no place in a
+# kernel (OpenMP pragmas, which Inductor's CPU kernels use, are allowed).
+_NATIVE_PATTERNS = [
+    (re.compile(r"\bstd::(thread|async|jthread)\b|\bpthread_create\b"), "static_concurrency", "starts a thread"),
+    (re.compile(r"\b(fork|vfork|execv|execvp|execve|execl|system|popen|posix_spawn)\s*\("), "static_concurrency",
+     "starts a process"),
+    (re.compile(r"\b(fopen|freopen|std::[io]?fstream|open|creat|unlink|remove|rename)\s*\("), "static_file_access",
+     "opens or changes files"),
+    (re.compile(r"\b(socket|connect|getaddrinfo|gethostbyname)\s*\("), "static_network", "opens a socket"),
+    (re.compile(r"\b(dlopen|dlsym|mprotect|ptrace)\s*\("), "static_native_memory", "loads code or changes memory "
+     "protection"),
+    (re.compile(r"\bcudaStreamCreate\w*\s*\(|\bcudaDeviceSetLimit\s*\(|\bcudaCtxResetPersistingL2Cache\b|"
+                r"\bcudaStreamSetAttribute\s*\("), "static_global_state", "changes CUDA streams or device limits"),
+    (re.compile(r"\b(exit|_exit|abort|quick_exit|raise|kill)\s*\("), "static_process_control", "ends or signals "
+     "the process"),
+]
+
+RULE_RATIONALE = {
+    "static_syntax": "the source must parse as Python",
+    "static_entry_point": "the pipeline installs the module's top-level `call(args)`; it must exist",
+    "static_concurrency": "work continuing after `call` returns escapes timing and output checks",
+    "static_native_memory": "raw memory access bypasses every runtime check",
+    "static_introspection": "introspection reaches the harness's frames and modules",
+    "static_file_access": "a wrapper computes from its arguments only; no files",
+    "static_network": "no network access from a wrapper",
+    "static_process_control": "a wrapper must not end or signal its process",
+    "static_monkeypatch": "shared modules' functions must not be replaced",
+    "static_global_state": "the user's global numeric/runtime state must not change",
+    "static_try_except": "broad exception handlers hide failing fast paths",
+}
+
+
+class _Scanner(ast.NodeVisitor):
+    def __init__(self) -> None:
+        self.findings: list[Finding] = []
+        self.aliases = set(_MODULE_ALIASES_DEFAULT)
+        self.native_strings: list[tuple[int, str]] = []
+        self.python_strings: list[tuple[int, str]] = []
+
+    def add(self, rule: str, node: ast.AST, detail: str) -> None:
+        self.findings.append(Finding(rule, getattr(node, "lineno", 0), detail))
+
+    # imports -------------------------------------------------------------------------------------------
+    def _check_module(self, name: str, node: ast.AST, names: list[str] | None = None) -> None:
+        root = name.split(".")[0]
+        if root == "ctypes" and names is not None and all(n.startswith("c_") for n in names):
+            return
+        for module, rule in _MODULE_RULES:
+            if name == module or name.startswith(module + ".") or root == module:
+                self.add(rule, node, f"imports {name}")
+                return
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            self._check_module(alias.name, node)
+            self.aliases.add((alias.asname or alias.name).split(".")[0])
+        self.generic_visit(node)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        module = node.module or ""
+        before = len(self.findings)
+        self._check_module(module, node, [a.name for a in node.names])
+        for alias in node.names:
+            full = f"{module}.{alias.name}"
+            if len(self.findings) == before and module.split(".")[0] != "ctypes":
+                self._check_module(full, node, [alias.name])
+            if alias.name in _GLOBAL_STATE_NAMES:
+                self.add("static_global_state", node, f"imports {full}")
+            if module == "os" and alias.name not in _OS_ALLOWED:
+                self.add(_os_rule(alias.name), node, f"imports os.{alias.name}")
+            if module.split(".")[0] in {"torch", "triton"}:
+                self.aliases.add(alias.asname or alias.name)
+        self.generic_visit(node)
+
+    # calls and attributes ----------------------------------------------------------------------------
+    def visit_Call(self, node: ast.Call) -> None:
+        func = node.func
+        if isinstance(func, ast.Name) and func.id in _FORBIDDEN_BUILTINS:
+            rule = _FORBIDDEN_BUILTINS[func.id]
+            allowed = func.id == "globals" and _is_async_compile_wait_arg(node, self._parents)
+            if rule and not allowed:
+                self.add(rule, node, f"calls {func.id}()")
+        dotted = _dotted(func)
+        if dotted:
+            last = dotted.split(".")[-1]
+            if last in _GLOBAL_STATE_NAMES:
+                self.add("static_global_state", node, f"calls {dotted}()")
+            if dotted.startswith("os.") and dotted.split(".")[1] not in _OS_ALLOWED:
+                self.add(_os_rule(dotted.split(".")[1]), node, f"calls {dotted}()")
+            if dotted in {"torch.load", "torch.save", "numpy.load", "np.load", "numpy.save", "np.save",
+                          "torch.from_file", "numpy.fromfile", "np.fromfile", "numpy.memmap", "np.memmap"}:
+                self.add("static_file_access", node, f"calls {dotted}()")
+            if dotted.startswith("tempfile."):
+                self.add("static_file_access", node, f"calls {dotted}()")
+            if last == "triton" and dotted.endswith("async_compile.triton"):
+                self._collect_strings(node, python=True)
+            elif (dotted.startswith("async_compile.") and last not in {"wait", "triton"}) or \
+                    last in {"load_inline", "compile_inline", "load_cuda_inline"}:
+                self._collect_strings(node, python=False)
+        self.generic_visit(node)
+
+    def _collect_strings(self, node: ast.Call, python: bool) -> None:
+        values = list(node.args) + [k.value for k in node.keywords]
+        for value in values:
+            for sub in ast.walk(value):
+                if isinstance(sub, ast.Constant) and isinstance(sub.value, str) and "\n" in sub.value:
+                    (self.python_strings if python else self.native_strings).append((sub.lineno, sub.value))
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        if node.attr in _DUNDER_ATTRS:
+            self.add("static_introspection", node, f"uses .{node.attr}")
+        dotted = _dotted(node)
+        if dotted and dotted.split(".")[0] == "os" and len(dotted.split(".")) > 1 and \
+                dotted.split(".")[1] not in _OS_ALLOWED and not isinstance(self._parent(node), ast.Call):
+            self.add(_os_rule(dotted.split(".")[1]), node, f"uses {dotted}")
+        if dotted and not isinstance(self._parent(node), ast.Attribute):
+            for part in dotted.split(".")[1:-1] if len(dotted.split(".")) > 2 else dotted.split(".")[1:]:
+                rule = _REEXPORTED.get(part)
+                if rule:  # e.g. torch.sys.modules, torch.cuda.threading.Thread: a forbidden module reached
+                    self.add(rule, node, f"reaches module {part!r} through {dotted}")
+                    break
+        if dotted and dotted.split(".")[-1] in _GLOBAL_STATE_NAMES and isinstance(node.ctx, (ast.Store, ast.Del)):
+            self.add("static_global_state", node, f"sets {dotted}")
+        self.generic_visit(node)
+
+    # assignments ---------------------------------------------------------------------------------------
+    def _check_target(self, target: ast.AST, node: ast.AST, verb: str) -> None:
+        for sub in ast.walk(target):
+            if isinstance(sub, (ast.Attribute, ast.Subscript)) and isinstance(sub.ctx, (ast.Store, ast.Del)):
+                root = _root_name(sub)
+                if root in self.aliases:
+                    dotted = _dotted(sub) or root
+                    rule = "static_global_state" if dotted.startswith("torch.backends") else "static_monkeypatch"
+                    self.add(rule, node, f"{verb} {dotted}")
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        for target in node.targets:
+            self._check_target(target, node, "assigns to")
+        self.generic_visit(node)
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> None:
+        self._check_target(node.target, node, "assigns to")
+        self.generic_visit(node)
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
+        self._check_target(node.target, node, "assigns to")
+        self.generic_visit(node)
+
+    def visit_Delete(self, node: ast.Delete) -> None:
+        for target in node.targets:
+            self._check_target(target, node, "deletes")
+        self.generic_visit(node)
+
+    # exceptions ------------------------------------------------------------------------------------------
+    def visit_ExceptHandler(self, node: ast.ExceptHandler) -> None:
+        names = _handler_names(node.type)
+        if node.type is None or names & _BROAD_EXCEPTIONS:
+            shown = "bare except" if node.type is None else f"except {', '.join(sorted(names))}"
+            self.add("static_try_except", node, f"{shown} — broad handler")
+        self.generic_visit(node)
+
+    # parent links for context checks -------------------------------------------------------------------
+    _parents: dict[int, ast.AST] = {}
+
+    def _parent(self, node: ast.AST) -> ast.AST | None:
+        return self._parents.get(id(node))
+
+
+_OS_PROCESS = ("system", "popen", "fork", "forkpty", "kill", "killpg", "_exit", "abort", "exec", "spawn",
+               "posix_spawn", "setsid", "setpgid", "nice", "sched_setaffinity", "wait", "register_at_fork")
+
+
+def _os_rule(name: str) -> str:
+    """os.<name>: process control (fork, kill, exec…), else file or environment access."""
+    return "static_process_control" if name.startswith(_OS_PROCESS) else "static_file_access"
+
+
+def _handler_names(node: ast.AST | None) -> set[str]:
+    if node is None:
+        return set()
+    if isinstance(node, ast.Tuple):
+        return set().union(*(_handler_names(e) for e in node.elts))
+    dotted = _dotted(node)
+    return {dotted} if dotted else set()
+
+
+def _dotted(node: ast.AST) -> str | None:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+        return ".".join(reversed(parts))
+    return None
+
+
+def _root_name(node: ast.AST) -> str | None:
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        node = node.value if not isinstance(node, ast.Call) else node.func
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _is_async_compile_wait_arg(node: ast.Call, parents: dict[int, ast.AST]) -> bool:
+    parent = parents.get(id(node))
+    return isinstance(parent, ast.Call) and _dotted(parent.func) == "async_compile.wait" and not node.args
+
+
+def _scan_python(source: str, base_line: int, label: str) -> tuple[list[Finding], _Scanner | None]:
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        return [Finding("static_syntax", base_line + (exc.lineno or 1) - 1, f"{label}: {exc.msg}")], None
+    scanner = _Scanner()
+    scanner._parents = {id(child): parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
+    scanner.visit(tree)
+    for f in scanner.findings:
+        object.__setattr__(f, "line", base_line + f.line - 1)
+    return scanner.findings, scanner
+
+
+def scan(source: str) -> list[Finding]:
+    """All findings for a candidate source (empty list: nothing suspicious)."""
+    findings, scanner = _scan_python(source, 1, "wrapper")
+    if scanner is None:
+        return findings
+    tree = ast.parse(source)
+    if not any((isinstance(n, ast.FunctionDef) and n.name == "call") or
+               (isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "call" for t in n.targets))
+               for n in tree.body):
+        findings.append(Finding("static_entry_point", 1, "no top-level `call` (def call(args) or call = runner.call)"))
+    for line, text in scanner.python_strings:
+        sub, _ = _scan_python(text, line, "Triton kernel source")
+        findings.extend(sub)
+    for line, text in scanner.native_strings:
+        stripped = _strip_c_comments(text)
+        for pattern, rule, what in _NATIVE_PATTERNS:
+            match = pattern.search(stripped)
+            if match:
+                findings.append(Finding(rule, line, f"native source {what} ({match.group(0).strip()})"))
+    unique: dict[tuple[str, int], Finding] = {}
+    for f in findings:
+        unique.setdefault((f.rule, f.line), f)
+    return list(unique.values())
+
+
+def _strip_c_comments(text: str) -> str:
+    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
+    text = re.sub(r"//[^\n]*", " ", text)
+    return re.sub(r'"(?:\\.|[^"\\])*"', '""', text)
+
+
+def findings_to_failures(findings: list[Finding]) -> list[CheckFailure]:
+    """One :class:`CheckFailure` per finding (first 20), each with the rule's reason."""
+    out = []
+    for f in findings[:20]:
+        why = RULE_RATIONALE.get(f.rule, "")
+        out.append(CheckFailure(f.rule, f"line {f.line}: {f.detail} ({f.rule}: {why})"))
+    return out

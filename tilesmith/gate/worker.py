@@ -1,0 +1,81 @@
+"""Gate evaluation worker: ``python -m tilesmith.gate.worker`` (started by the host, never imported by it).
+
+The only process in which candidate code is imported and run. It has its own CUDA context, a private
+working directory, an environment without secrets, core dumps disabled and a file-size limit. It
+answers JSON requests (see :mod:`tilesmith.gate.protocol`):
+
+``init``  apply the host's numeric flags, load the constants and the trusted original wrapper, warm it
+          up, then snapshot global state, function identities and live threads (the baselines every
+          later check compares against).
+``load``  import a wrapper source through Inductor's ``PyCodeCache`` under a name (``cand``, ``inc``).
+``check`` run a list of steps (module, input file, seed, poison, hold/save) and report facts per step:
+          output types/layouts/aliasing, input bytes changed, guard tails hit, outputs changed after
+          return, RNG digest, global-state and identity changes, new threads; outputs are saved with
+          ``torch.save`` for the host to compare.
+``time``  paired timing samples (:mod:`tilesmith.gate.worker_timing`).
+``exit``  leave.
+
+Nothing here decides anything: the host interprets the facts and compares the outputs itself.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def _secure_stdio() -> tuple[object, int]:
+    """Move the protocol to private descriptors; fd 0 becomes /dev/null and fd 1 the log (fd 2)."""
+    proto_in_fd = os.dup(0)
+    proto_out_fd = os.dup(1)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    os.dup2(2, 1)
+    return os.fdopen(proto_in_fd, "rb"), proto_out_fd
+
+
+def _limit_resources() -> None:
+    import resource
+
+    try:
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    except (ValueError, OSError):
+        pass
+
+
+def _watch_parent() -> None:
+    """Exit when the host disappears (killed without closing the gate): a daemon thread polls the
+    parent pid once a second. Started before any baseline, so the thread check does not count it."""
+    import threading
+    import time
+
+    parent, sleep, getppid, leave = os.getppid(), time.sleep, os.getppid, os._exit
+
+    def watch() -> None:
+        while True:
+            sleep(1.0)
+            if getppid() != parent:
+                leave(0)
+
+    threading.Thread(target=watch, name="tilesmith-parent-watch", daemon=True).start()
+
+
+def main() -> int:
+    proto_in, proto_out_fd = _secure_stdio()
+    _limit_resources()
+    _watch_parent()
+    from tilesmith.gate.worker_core import Worker
+
+    worker = Worker(proto_out_fd)
+    worker.announce()
+    for line in proto_in:  # type: ignore[attr-defined]
+        if not line.strip():
+            continue
+        if not worker.handle(line):
+            break
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
