@@ -2,6 +2,7 @@
 # The GPU test suite and the benchmarks, in one call on a CUDA machine (the H200 through the device tool).
 #
 #   scripts/gpu-suite.sh [tests] [main] [overhead] [cache] [bench] [calib] [llm]   # default: tests main overhead
+#   GPU_TESTS="tests/gpu/test_gate_gpu.py" scripts/gpu-suite.sh tests              # a subset of the GPU tests
 #
 # Results go to $OUT (the device tool's output folder) or ./gpu-out. Wheels for packages missing on the
 # machine (the LLM stack) travel in .device/whl and are installed to /tmp/site first when present; a
@@ -26,8 +27,8 @@ rc=0
 for part in "${parts[@]}"; do
   echo "=== $part ($(date +%T))"
   case "$part" in
-    tests)    "$PY" -m pytest -q -ra -s -m gpu -p no:cacheprovider tests/gpu tests/test_roofline.py tests/test_bench_suite.py \
-                tests/test_llm_profiling.py 2>&1 | tee "$OUT/gpu-tests.log" | grep -vE "^DEBUG" ; rc=$((rc|${PIPESTATUS[0]})) ;;
+    tests)    "$PY" -m pytest -q -ra -s -m gpu -p no:cacheprovider ${GPU_TESTS:-tests/gpu tests/test_roofline.py \
+                tests/test_bench_suite.py tests/test_llm_profiling.py} 2>&1 | tee "$OUT/gpu-tests.log" | grep -vE "^DEBUG" ; rc=$((rc|${PIPESTATUS[0]})) ;;
     main)     "$PY" examples/main_job.py 2>&1 | tee "$OUT/main-job.log"; rc=$((rc|${PIPESTATUS[0]})) ;;
     overhead) "$PY" bench/call_overhead.py 2>&1 | tee "$OUT/call-overhead.log"; rc=$((rc|${PIPESTATUS[0]})) ;;
     cache)    "$PY" bench/cache_hit.py --device cuda --repeats 3 2>&1 | tee "$OUT/cache-hit.log"; rc=$((rc|${PIPESTATUS[0]})) ;;
