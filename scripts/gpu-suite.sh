@@ -3,6 +3,8 @@
 #
 #   scripts/gpu-suite.sh [tests] [main] [overhead] [cache] [bench] [calib] [llm]   # default: tests main overhead
 #   GPU_TESTS="tests/gpu/test_gate_gpu.py" scripts/gpu-suite.sh tests              # a subset of the GPU tests
+#   BENCH_CASES=mlp_fp32,gpt2_block_bf16 BENCH_BUDGET_S=300 scripts/gpu-suite.sh bench
+#   CALIB_ARGS="--aa 200 --gain 50" scripts/gpu-suite.sh calib
 #
 # Results go to $OUT (the device tool's output folder) or ./gpu-out. Wheels for packages missing on the
 # machine (the LLM stack) travel in .device/whl and are installed to /tmp/site first when present; a
@@ -32,9 +34,10 @@ for part in "${parts[@]}"; do
     main)     "$PY" examples/main_job.py 2>&1 | tee "$OUT/main-job.log"; rc=$((rc|${PIPESTATUS[0]})) ;;
     overhead) "$PY" bench/call_overhead.py 2>&1 | tee "$OUT/call-overhead.log"; rc=$((rc|${PIPESTATUS[0]})) ;;
     cache)    "$PY" bench/cache_hit.py --device cuda --repeats 3 2>&1 | tee "$OUT/cache-hit.log"; rc=$((rc|${PIPESTATUS[0]})) ;;
-    bench)    "$PY" bench/suite.py --out "$OUT/benchmarks" --budget-s "${BENCH_BUDGET_S:-480}" --timeout-per-case 240 2>&1 \
+    bench)    "$PY" bench/suite.py --out "${BENCH_OUT:-$OUT/benchmarks}" --budget-s "${BENCH_BUDGET_S:-480}" \
+                --timeout-per-case "${BENCH_CASE_TIMEOUT_S:-240}" ${BENCH_CASES:+--cases "$BENCH_CASES"} 2>&1 \
                 | tee "$OUT/bench.log"; rc=$((rc|${PIPESTATUS[0]})) ;;
-    calib)    "$PY" bench/gate_calibration.py 2>&1 | tee "$OUT/gate-calibration.log"; rc=$((rc|${PIPESTATUS[0]})) ;;
+    calib)    "$PY" bench/gate_calibration.py ${CALIB_ARGS:-} 2>&1 | tee "$OUT/gate-calibration.log"; rc=$((rc|${PIPESTATUS[0]})) ;;
     llm)      "$PY" -m pytest -q -ra -s -m gpu tests/gpu/test_llm_e2e_gpu.py 2>&1 | tee "$OUT/llm-e2e.log"; rc=$((rc|${PIPESTATUS[0]})) ;;
     *)        echo "unknown part $part"; rc=2 ;;
   esac

@@ -199,8 +199,9 @@ def test_pinned_input_is_read_in_place_also_through_a_new_tensor_at_the_same_add
     assert runtime.captures == 1 and got[2] is alias
 
 
-def test_moved_pinned_input_recaptures_then_stable_inputs_are_promoted_then_eager_fallback():
+def test_moved_pinned_input_recaptures_then_stable_inputs_are_promoted_then_all_staged_graph():
     original, candidate, runtime = hand_written()
+    runtime.MAX_CAPTURES = 3
     weight = torch.randn(8)
 
     def check(args):
@@ -219,8 +220,11 @@ def test_moved_pinned_input_recaptures_then_stable_inputs_are_promoted_then_eage
         check([x, moved, torch.randn(4, 8)])                 # x keeps one address: promoted
     assert runtime.captures == 3 and 0 in runtime.pinned and 1 not in runtime.pinned
     replays = runtime.replays
-    check([torch.randn(4, 8), moved, torch.randn(4, 8)])  # no captures left: the eager body answers
-    assert runtime.captures == 3 and runtime.replays == replays
+    check([torch.randn(4, 8), moved, torch.randn(4, 8)])  # no captures left: one last graph staging everything
+    assert runtime.captures == 4 and runtime.replays == replays + 1 and runtime.pinned == ()
+    for _ in range(3):  # any addresses fit it: every later call replays, none re-captures or runs eagerly
+        check([torch.randn(4, 8), torch.randn(8), torch.randn(4, 8)])
+    assert runtime.captures == 4 and runtime.replays == replays + 4
 
 
 def test_failed_capture_raises_so_the_gate_rejects_the_candidate():

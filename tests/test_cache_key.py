@@ -89,3 +89,12 @@ def test_real_h200_wrappers_canonicalize_without_paths():
         text = canonicalize(path.read_text(), cache_dirs=("/tmp/torchinductor_root",))
         assert "/tmp/torchinductor_root" not in text and "# kernel path" not in text, path.name
         compile(text, path.name, "exec")
+
+
+def test_key_ignores_inductor_provenance_comments_but_not_code():
+    env = {"torch": "2.11.0"}
+    warm = "x = 1\n        # Topologically Sorted Source Nodes: [input_1]\ny = '''\n#include <a.h>\n'''\n"
+    cold = warm.replace("[input_1]", "[linear]")
+    assert cache_key(warm, env) == cache_key(cold, env)
+    assert cache_key(warm.replace("#include <a.h>", "#include <b.h>"), env) != cache_key(warm, env)
+    assert cache_key(warm.replace("x = 1", "x = 2"), env) != cache_key(warm, env)

@@ -90,7 +90,7 @@ def test_installed_graph_matches_plain_torch_compile_forward_and_gradients(test_
     ref2.square().sum().backward()
     torch.testing.assert_close(x2.grad, x3.grad, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(model.w.grad, reference.w.grad, rtol=1e-4, atol=1e-5)
-    forward_track = next(t for t in _tracks(test_mode) if _track_json(t)["kind"] == "forward")
+    forward_track = next(t for t in _tracks(test_mode) if t.name == records[0].graph_key)
     state = _track_json(forward_track)
     assert state["status"] == "installed" and state["benchmark"]["speedup"] == pytest.approx(records[0].speedup)
     assert state["evaluations"][0]["accepted"] and (forward_track / state["evaluations"][0]["report"]).exists()
@@ -136,3 +136,22 @@ def test_attempt_ring_keeps_five_rolling_files_after_six_turns(test_mode, monkey
         assert text.rstrip().endswith(f"# turn {i}")
         assert all(f"# turn {j}" in text for j in range(1, i + 1))
     assert _track_json(track)["turns"] == 6
+
+
+def test_identical_wrapper_recompiled_in_one_run_reuses_the_first_outcome(test_mode):
+    torch.manual_seed(0)
+    model = MulSum().eval()
+    x = torch.randn(64, 512)
+    factory = ScriptedFactory(edits=[mm_instead_of_loop])
+    compiled = tilesmith.compile(model, example_inputs=(x,), agent_model=factory)
+    with torch.no_grad():
+        first = compiled(x)
+    with torch.inference_mode():  # a Dynamo guard fails: recompile, the very same Inductor wrapper again
+        second = compiled(x)
+    torch.testing.assert_close(first, second, rtol=1e-5, atol=1e-5)
+    kinds = [d.kind for d in tilesmith.diagnostics(compiled)]
+    records = tilesmith.benchmarks(compiled)
+    assert len(factory.sessions) == 1, "the optimizer ran once"
+    assert kinds.count("duplicate_graph") == 1 and len(records) == 2
+    assert records[0].graph_key == records[1].graph_key and records[0].speedup == records[1].speedup
+    assert len(_tracks(test_mode)) == 1

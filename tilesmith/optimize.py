@@ -7,6 +7,7 @@ the optimizer, a diagnostic saying why.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -105,10 +106,40 @@ def install(run: Any, handle: Any, track: Track, candidate: Candidate, verdict: 
     swap(handle.compiled, fn)
     handle.state = "installed"
     record = benchmark_record(run, handle, track, verdict, source=source, loops=loops)
+    handle.installed_source, handle.record = candidate.source, record
     with run._lock:
         run.benchmarks.append(record)
     track.update(status="cache_hit" if source == "cache" else "installed", benchmark=_record_json(record))
     return record
+
+
+def reuse_in_run(run: Any, first: Any, handle: Any) -> None:
+    """Install for ``handle`` what its identical twin ``first`` (same cache key, same run) got.
+
+    Dynamo recompiles (a new ``requires_grad`` or grad mode, say) can produce the very same wrapper again in one
+    run. It shares the twin's track folder; the validated source is loaded with this graph's own constants
+    (it passed the gate in this process on this wrapper), or the graph stays on Inductor like its twin.
+    """
+    twin = f"graph {handle.label} is identical to graph {first.graph.name} optimized earlier in this run"
+    source, record = getattr(first, "installed_source", None), getattr(first, "record", None)
+    if first.state != "installed" or source is None or record is None:
+        handle.state = "kept_inductor"
+        run.diagnose("duplicate_graph", f"{twin}, which stayed on Inductor; so does this one.", handle.key,
+                     handle.graph.name)
+        return
+    try:
+        module = load_wrapper(source, handle.constants)
+        swap(handle.compiled, entry_point(module, handle.graph.inputs_to_check, handle.graph.mutated_input_idxs))
+    except Exception as exc:  # noqa: BLE001
+        handle.state = "kept_inductor"
+        run.diagnose("install_failed", f"{twin}; loading its validated wrapper failed ({type(exc).__name__}: "
+                     f"{exc}); this graph stays on Inductor.", handle.key, handle.graph.name)
+        return
+    handle.state = "installed"
+    with run._lock:
+        run.benchmarks.append(dataclasses.replace(record, graph_name=handle.graph.name, kind=handle.graph.kind))
+    run.diagnose("duplicate_graph", f"{twin}; installed the same validated wrapper (numbers from that graph's "
+                 "confirmation).", handle.key, handle.graph.name)
 
 
 def benchmark_record(run: Any, handle: Any, track: Track, verdict: Verdict, *, source: str,

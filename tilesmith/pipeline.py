@@ -64,6 +64,8 @@ class GraphHandle:
         self.original = compiled.current_callable
         self.state = "pending"
         self.lock = threading.RLock()
+        self.installed_source: str | None = None
+        self.record: BenchmarkRecord | None = None
 
     @property
     def label(self) -> str:
@@ -85,6 +87,7 @@ class LiveRun:
         self.diagnostics: list[Diagnostic] = []
         self.benchmarks: list[BenchmarkRecord] = []
         self.handles: list[GraphHandle] = []
+        self._by_key: dict[str, GraphHandle] = {}
         self._factory = factory
         self._lock = threading.Lock()
         self.closed = False
@@ -152,8 +155,13 @@ class LiveRun:
     # -- the pipeline -------------------------------------------------------------------------
     def optimize(self, handle: GraphHandle, inputs: list[Any]) -> None:
         """Steps 2–3 of the module docstring for one graph (runs inside its first call)."""
-        from tilesmith.optimize import optimize_graph
+        from tilesmith.optimize import optimize_graph, reuse_in_run
 
+        with self._lock:
+            first = self._by_key.setdefault(handle.key, handle)
+        if first is not handle:
+            reuse_in_run(self, first, handle)
+            return
         track = Track(self.folder, handle.graph, handle.key, self.options.loops)
         self.folder.save()
         track.create()

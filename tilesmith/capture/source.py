@@ -47,6 +47,22 @@ def canonicalize(source: str, cache_dirs: tuple[str, ...] = ()) -> str:
     return text.rstrip("\n") + "\n"
 
 
+_PREPROCESSOR = ("#include", "#pragma", "#define", "#undef", "#if", "#ifdef", "#ifndef", "#else", "#elif", "#endif")
+
+
+def key_text(canonical: str) -> str:
+    """The part of a canonical wrapper that identifies it: every full-line ``#`` comment removed.
+
+    Why: Inductor's provenance comments (``# Topologically Sorted Source Nodes: [linear]``, ``# Graph
+    fragment:`` …) name the FX nodes of whichever model first filled the FX graph cache, so the same graph
+    gets different comments in a warm and a cold cache (seen on torch 2.11: ``[input_1]`` vs ``[linear]``).
+    C/C++ preprocessor lines inside CPU kernel strings (``#include``, ``#pragma``) are code and stay.
+    """
+    kept = [line for line in canonical.splitlines()
+            if not (line.lstrip().startswith("#") and not line.lstrip().startswith(_PREPROCESSOR))]
+    return "\n".join(kept) + "\n"
+
+
 def graph_name(source: str) -> str | None:
     """AOT id from the wrapper's first line (``"0_inference"``), or ``None`` when absent."""
     match = _AOT_NAME.search(source)

@@ -96,6 +96,11 @@ class CheckContext:
     mutated_input_idxs: tuple[int, ...]
     tf32: bool
 
+    @property
+    def clobbered_idxs(self) -> frozenset[int]:
+        """Inputs the original itself overwrites as dead scratch memory (see ``RefResult.clobbered``)."""
+        return frozenset(i for ref in self.refs.values() for i in ref.clobbered)
+
 
 def step_failures(facts: dict[str, Any], ref: RefResult | None, ctx: CheckContext, where: str,
                   variant: str | None) -> list[CheckFailure]:
@@ -111,7 +116,7 @@ def step_failures(facts: dict[str, Any], ref: RefResult | None, ctx: CheckContex
         fails += compare_structure(ref.facts, facts["outputs"], where=where, variant=variant)
     for change in facts.get("inputs_changed", []):
         i = change["index"]
-        if change.get("in_view") and i not in ctx.mutated_input_idxs:
+        if change.get("in_view") and i not in ctx.mutated_input_idxs and i not in ctx.clobbered_idxs:
             fails.append(CheckFailure("input_mutated", f"input {i} was modified by the call ({where}); the original "
                                                        f"leaves it unchanged. Write results to new buffers.",
                                       input_index=i, variant=variant))

@@ -35,6 +35,10 @@ class RefResult:
     facts: list[dict[str, Any]]
     mutated: dict[int, torch.Tensor] = field(default_factory=dict)
     wall_ms: float = 0.0
+    clobbered: tuple[int, ...] = ()
+    """Inputs outside ``mutated_input_idxs`` whose values the original itself changed: Inductor reuses a
+    dead input's memory for an intermediate buffer (``buf2 = addmm_1; del addmm_1  # reuse``, common in
+    training backward graphs). Their contents after a call are unspecified, so a candidate may change them too."""
 
     def expected_specs(self) -> list[dict[str, Any]]:
         """What the worker checks outputs against before saving them (kind, shape, dtype, bytes)."""
@@ -59,6 +63,13 @@ def to_device(value: Any, device: torch.device) -> Any:
     out = torch.as_strided(base, value.shape, value.stride(), value.storage_offset())
     write_values(out, value)
     return out
+
+
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Element-wise identical, NaN equal to NaN (compared on the device; no host copy)."""
+    if a.is_floating_point() or a.is_complex():
+        return bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all())
+    return bool(torch.equal(a, b))
 
 
 def _cpu_copy(value: Any) -> Any:
@@ -87,6 +98,8 @@ class HostReference:
                     torch.cuda.synchronize(self.device)
                 for _ in range(max(0, repeat - 1)):
                     self.ref_fn(list(args))
+                before = {i: a.clone() for i, a in enumerate(args)
+                          if isinstance(a, torch.Tensor) and i not in self.mutated}
                 t0 = time.perf_counter()
                 outs = self.ref_fn(list(args))
                 if self.device.type == "cuda":
@@ -99,7 +112,8 @@ class HostReference:
         outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
         facts = output_facts(outs, args)
         mutated = {i: _cpu_copy(args[i]) for i in self.mutated if i < len(args)}
-        return RefResult([_cpu_copy(o) for o in outs], facts, mutated, wall)
+        clobbered = tuple(i for i, b in before.items() if not _same_values(args[i], b))
+        return RefResult([_cpu_copy(o) for o in outs], facts, mutated, wall, clobbered)
 
     def close(self) -> None:
         pass
@@ -129,7 +143,9 @@ class WorkerReference:
         os.unlink(inputs)
         os.unlink(outputs)
         mutated = {int(i): t for i, t in data["mutated_inputs"]}
-        return RefResult(list(data["outputs"]), facts["outputs"], mutated, float(facts.get("wall_ms", 0.0)))
+        clobbered = tuple(int(c["index"]) for c in facts.get("inputs_changed", []) if c.get("in_view"))
+        return RefResult(list(data["outputs"]), facts["outputs"], mutated, float(facts.get("wall_ms", 0.0)),
+                         clobbered)
 
     def close(self) -> None:
         self.worker.kill()

@@ -9,10 +9,12 @@ written, so a provider key that reached a message by any path is replaced by ``<
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import platform
 import re
+import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,34 @@ from tilesmith.records import Timing, Verdict
 
 REPORT_FORMAT = 1
 _EVAL_ID = re.compile(r"^e(\d{4,})\.json$")
+
+
+@functools.cache
+def driver_version() -> str | None:
+    """The NVIDIA driver version (``"580.159.04"``), from NVML, ``/proc/driver/nvidia/version`` or
+    ``nvidia-smi``, in that order; ``None`` when none answers. Host-side only, cached per process."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        version = pynvml.nvmlSystemGetDriverVersion()
+        return version.decode() if isinstance(version, bytes) else str(version)
+    except Exception:  # noqa: BLE001 - NVML absent or unusable: try the next source
+        pass
+    try:
+        text = Path("/proc/driver/nvidia/version").read_text()
+        match = re.search(r"Kernel Module\s+(\S+)", text)
+        if match:
+            return match.group(1)
+    except OSError:
+        pass
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20, check=False)
+        first = out.stdout.strip().splitlines()
+        return first[0].strip() if out.returncode == 0 and first else None
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 def environment(device: torch.device, worker_info: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -42,11 +72,7 @@ def environment(device: torch.device, worker_info: dict[str, Any] | None = None)
         env["cuda"] = torch.version.cuda
         major, minor = torch.cuda.get_device_capability(device)
         env["capability"] = f"{major}.{minor}"
-        driver = getattr(torch._C, "_cuda_getDriverVersion", None)
-        try:
-            env["driver"] = int(driver()) if driver else None
-        except Exception:  # noqa: BLE001
-            env["driver"] = None
+        env["driver"] = driver_version()
     else:
         env["device_name"] = platform.processor() or platform.machine()
         env["cpu_count"] = os.cpu_count()

@@ -3,7 +3,9 @@
 The key is the SHA-256 of a canonical JSON document holding everything that changes the answer:
 
 - the canonical wrapper text (machine paths and process counters removed, see
-  :func:`tilesmith.capture.source.canonicalize`) — it embeds every kernel's source and every extern call;
+  :func:`tilesmith.capture.source.canonicalize`) without its full-line comments
+  (:func:`~tilesmith.capture.source.key_text`: Inductor's provenance comments depend on the FX-cache state)
+  — it embeds every kernel's source and every extern call;
 - torch, Triton and CUDA versions and the device name (GPU model, or ``"cpu"`` in test mode);
 - the optimizer (``agent_model``), ``agency``, ``loops`` and the gate threshold
   (``TILESMITH_MIN_IMPROVEMENT``);
@@ -20,7 +22,7 @@ import hashlib
 import json
 from typing import Any
 
-KEY_FORMAT = 1
+KEY_FORMAT = 2
 
 
 def cache_key(canonical_source: str, environment: dict[str, Any]) -> str:
@@ -30,7 +32,9 @@ def cache_key(canonical_source: str, environment: dict[str, Any]) -> str:
         canonical_source: the canonical wrapper text.
         environment: JSON-serializable mapping (see :func:`key_environment`).
     """
-    document = {"format": KEY_FORMAT, "wrapper": canonical_source, "environment": environment}
+    from tilesmith.capture.source import key_text
+
+    document = {"format": KEY_FORMAT, "wrapper": key_text(canonical_source), "environment": environment}
     blob = json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 

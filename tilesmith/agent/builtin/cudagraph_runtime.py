@@ -74,7 +74,7 @@ class _TilesmithCUDAGraphCall:
     buffers and copied back after each replay). See the module text above for the staging rules.
     """
 
-    MAX_CAPTURES = 3
+    MAX_CAPTURES = 6
     PROMOTE_AFTER = 3
 
     def __init__(self, eager_call, device, written_inputs=()):
@@ -88,6 +88,7 @@ class _TilesmithCUDAGraphCall:
         self._prev_ptrs = None
         self._demoted = set()
         self._disabled = False
+        self._final = False
         self._drop_graph()
 
     @property
@@ -119,12 +120,17 @@ class _TilesmithCUDAGraphCall:
             fits = self._fits(inputs, ptrs)
             if fits and not self._promote(ptrs, prev):
                 return self._replay(inputs)
-            if self.captures >= self.MAX_CAPTURES:
-                return self._replay(inputs) if fits else self.eager_call(inputs)
+            if fits and self.captures >= self.MAX_CAPTURES:
+                return self._replay(inputs)
             if not fits:
                 self._demoted.update(i for i, p in self._pinned_ptrs if i < len(ptrs) and ptrs[i] != p)
-        elif self.captures >= self.MAX_CAPTURES:
-            return self.eager_call(inputs)
+        if self.captures >= self.MAX_CAPTURES:
+            if self._final or len(inputs) != self._n_inputs and self._n_inputs >= 0:
+                return self.eager_call(inputs)
+            # Captures used up and the pinned graph does not fit: one last graph that stages every input
+            # (copied in on each replay), which fits any addresses, so later calls never leave the graph.
+            self._final = True
+            self._demoted.update(range(len(inputs)))
         # A capture failure propagates: the gate rejects such a candidate in its worker, with the reason,
         # instead of a broad handler silently keeping a slower path (the gate's static_try_except rule).
         self._capture(inputs, ptrs, prev)
@@ -171,6 +177,7 @@ class _TilesmithCUDAGraphCall:
         self._groups = ()
         self._total = 0
         self._source = None
+        self._spans = ()
         self._direct = None
         self._out = None
         self._container = tuple
@@ -329,7 +336,7 @@ class _TilesmithCUDAGraphCall:
                 _, gi, start, size, stride, dtype = entry
                 g = self._groups[gi]
                 itemsize = torch.empty(0, dtype=dtype).element_size()
-                fresh_out.append((k, dtype, size, stride, (g["offset"] + start - g["lo"]) // itemsize))
+                fresh_out.append((k, dtype, size, stride, (start - g["lo"]) // itemsize, gi))
         direct = None
         if len(self._groups) == 1 and len(fresh_out) == 1:
             k = fresh_out[0][0]
@@ -339,9 +346,12 @@ class _TilesmithCUDAGraphCall:
             self._source = self._group_view(outs, self._groups[0])
         else:
             self._source = staging
-        dtypes = tuple(sorted({entry[1] for entry in fresh_out}, key=str))
+        # One fresh allocation per storage group of the original outputs: outputs that shared a storage in the
+        # original share one here, and no others (the gate compares aliasing between outputs).
+        self._spans = tuple((g["offset"] if len(self._groups) > 1 else 0, g["hi"] - g["lo"],
+                             -(-(g["hi"] - g["lo"]) // 16) * 16) for g in self._groups)
         self._direct = direct
-        self._out = (template, tuple(inputs_out), tuple(views_out), tuple(fresh_out), dtypes,
+        self._out = (template, tuple(inputs_out), tuple(views_out), tuple(fresh_out), None,
                      tuple(static_out), tuple(empty_out))
 
     # -- replay ---------------------------------------------------------------------------------
@@ -356,7 +366,7 @@ class _TilesmithCUDAGraphCall:
         if self._own_written:
             torch._foreach_copy_([inputs[i] for i in self._own_written],
                                  [self._static[i] for i in self._own_written])
-        template, inputs_out, views_out, fresh_out, dtypes, static_out, empty_out = self._out
+        template, inputs_out, views_out, fresh_out, _, static_out, empty_out = self._out
         result = list(template)
         if self._direct is not None:
             k, src, size, stride, dtype = self._direct
@@ -364,11 +374,14 @@ class _TilesmithCUDAGraphCall:
             out.copy_(src)
             result[k] = out
         if fresh_out:
-            fresh = torch.empty(self._total, dtype=torch.uint8, device=self.device)
-            fresh[:self._source.numel()].copy_(self._source)
-            typed = {dtype: fresh if dtype == torch.uint8 else fresh.view(dtype) for dtype in dtypes}
-            for k, dtype, size, stride, offset in fresh_out:
-                result[k] = _ts_reinterpret_tensor(typed[dtype], size, stride, offset)
+            groups = []
+            for start, used, padded in self._spans:
+                buf = torch.empty(padded, dtype=torch.uint8, device=self.device)
+                buf[:used].copy_(self._source[start:start + used])
+                groups.append(buf)
+            for k, dtype, size, stride, offset, gi in fresh_out:
+                base = groups[gi] if dtype == torch.uint8 else groups[gi].view(dtype)
+                result[k] = _ts_reinterpret_tensor(base, size, stride, offset)
         for k, i in inputs_out:
             result[k] = inputs[i]
         for k, i, size, stride, delta in views_out:
