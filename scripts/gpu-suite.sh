@@ -15,11 +15,11 @@ OUT="${OUT:-$PWD/gpu-out}"; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-/tmp/inductor-gpu}"
 export TILESMITH_CACHE_DIR="${TILESMITH_CACHE_DIR:-/tmp/tilesmith-gpu}" PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PY="${PYTHON:-python3}"
-if compgen -G ".device/whl/*.whl" >/dev/null; then
+if [[ -z "${SKIP_WHEELS:-}" ]] && compgen -G ".device/whl/*.whl" >/dev/null; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .device/whl/*.whl \
     && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
-if [[ -f .device/cli-proxy-api.gz ]]; then
+if [[ -z "${SKIP_WHEELS:-}" && -f .device/cli-proxy-api.gz ]]; then
   mkdir -p .cache/bin && gunzip -c .device/cli-proxy-api.gz > .cache/bin/cli-proxy-api && chmod +x .cache/bin/cli-proxy-api
 fi
 parts=("$@"); [[ ${#parts[@]} -eq 0 ]] && parts=(tests main overhead)
