@@ -25,10 +25,13 @@ Input staging (how one graph with fixed addresses serves calls with changing ten
   address.
 - Every other tensor input (and every input the body writes into) is copied into a buffer this object owns
   before each replay; written inputs are copied back afterwards.
-- A pinned input arriving at a different address triggers a re-capture with that input staged; an own
-  input that kept one address for ``PROMOTE_AFTER`` calls is promoted to pinned by a re-capture. At most
-  ``MAX_CAPTURES`` graphs are captured; after that, calls that do not fit the last graph run the original
-  eager body (always correct, never slower than Inductor's own code path).
+- A pinned input arriving at a different address triggers a re-capture with that input staged (it is
+  *demoted*); a staged input that kept one address for ``PROMOTE_AFTER`` consecutive calls
+  (``REPROMOTE_AFTER`` once demoted) is promoted to pinned by a re-capture. After ``MAX_CAPTURES`` graphs, a
+  call that does not fit gets one last graph that stages every input (it fits any addresses); promotions still
+  happen after that, up to ``HARD_CAP`` captures in all. So a caller whose addresses churn for a while (a
+  gate's correctness checks, a data loader warming up) and then settle (parameters, a steady loop) still ends
+  on a graph that reads its stable inputs in place.
 
 Calls: the first call runs the original body eagerly (it compiles and autotunes the Triton kernels); the
 second captures (warm-up on a side stream, then capture into a private memory pool) and replays. A capture
@@ -75,7 +78,9 @@ class _TilesmithCUDAGraphCall:
     """
 
     MAX_CAPTURES = 6
+    HARD_CAP = 16
     PROMOTE_AFTER = 3
+    REPROMOTE_AFTER = 16
 
     def __init__(self, eager_call, device, written_inputs=()):
         self.eager_call = eager_call
@@ -89,6 +94,8 @@ class _TilesmithCUDAGraphCall:
         self._demoted = set()
         self._disabled = False
         self._final = False
+        self._stage_all = False
+        self._same = {}
         self._drop_graph()
 
     @property
@@ -111,6 +118,9 @@ class _TilesmithCUDAGraphCall:
         self._calls += 1
         ptrs = [t.data_ptr() if isinstance(t, torch.Tensor) else None for t in inputs]
         prev, self._prev_ptrs = self._prev_ptrs, ptrs
+        same = self._same
+        for i, p in enumerate(ptrs):  # consecutive calls each input arrived at the same address
+            same[i] = same.get(i, 0) + 1 if p is not None and prev is not None and i < len(prev) and prev[i] == p else 0
         if self._disabled or self._calls == 1:
             return self.eager_call(inputs)
         if self._graph is not None:
@@ -118,19 +128,16 @@ class _TilesmithCUDAGraphCall:
                 for i, size, stride in self._meta:
                     _ts_check_size_stride(inputs[i], size, stride)
             fits = self._fits(inputs, ptrs)
-            if fits and not self._promote(ptrs, prev):
-                return self._replay(inputs)
-            if fits and self.captures >= self.MAX_CAPTURES:
+            if fits and (self.captures >= self.HARD_CAP or not self._promote()):
                 return self._replay(inputs)
             if not fits:
                 self._demoted.update(i for i, p in self._pinned_ptrs if i < len(ptrs) and ptrs[i] != p)
-        if self.captures >= self.MAX_CAPTURES:
-            if self._final or len(inputs) != self._n_inputs and self._n_inputs >= 0:
-                return self.eager_call(inputs)
-            # Captures used up and the pinned graph does not fit: one last graph that stages every input
-            # (copied in on each replay), which fits any addresses, so later calls never leave the graph.
-            self._final = True
-            self._demoted.update(range(len(inputs)))
+        if self.captures >= self.HARD_CAP or (self._graph is None and self.captures >= self.MAX_CAPTURES):
+            return self.eager_call(inputs)
+        if self.captures >= self.MAX_CAPTURES and not self._final and not self._fits(inputs, ptrs):
+            # Captures used up and the pinned graph does not fit: one graph that stages every input (copied in
+            # on each replay), which fits any addresses; later promotions may still pin settled inputs.
+            self._final = self._stage_all = True
         # A capture failure propagates: the gate rejects such a candidate in its worker, with the reason,
         # instead of a broad handler silently keeping a slower path (the gate's static_try_except rule).
         self._capture(inputs, ptrs, prev)
@@ -148,16 +155,20 @@ class _TilesmithCUDAGraphCall:
                 return False
         return True
 
-    def _promote(self, ptrs, prev):
-        """Count calls an own input kept its address; True once one qualifies for pinning."""
-        if not self._watch or self.captures >= self.MAX_CAPTURES:
+    def _pinnable(self, i):
+        """Input ``i`` may be read in place: not written by the body, and at one address long enough."""
+        if i in self.written:
             return False
-        streak = self._streak
-        due = False
+        need = self.REPROMOTE_AFTER if i in self._demoted else 1
+        return self._same.get(i, 0) >= need
+
+    def _promote(self):
+        """True when a staged input has settled at one address and a re-capture should pin it."""
         for i in self._watch:
-            streak[i] = streak[i] + 1 if prev is not None and ptrs[i] == prev[i] else 0
-            due = due or streak[i] >= self.PROMOTE_AFTER
-        return due
+            need = self.REPROMOTE_AFTER if i in self._demoted else self.PROMOTE_AFTER
+            if self._same.get(i, 0) >= need:
+                return True
+        return False
 
     # -- capture --------------------------------------------------------------------------------
     def _drop_graph(self):
@@ -171,7 +182,6 @@ class _TilesmithCUDAGraphCall:
         self._own_static = ()
         self._own_written = ()
         self._watch = ()
-        self._streak = {}
         self._plan = None
         self._keep = None
         self._groups = ()
@@ -190,8 +200,7 @@ class _TilesmithCUDAGraphCall:
             if not isinstance(value, torch.Tensor):
                 static.append(value)
                 scalars.append((i, value))
-            elif (i not in self.written and i not in self._demoted and prev is not None and i < len(prev)
-                    and prev[i] == ptrs[i]):
+            elif not self._stage_all and self._pinnable(i):
                 static.append(value)
                 pinned.append(i)
             else:
@@ -205,8 +214,8 @@ class _TilesmithCUDAGraphCall:
         self._own = tuple(own)
         self._own_static = [static[i] for i in own]
         self._own_written = tuple(i for i in own if i in self.written)
-        self._watch = tuple(i for i in own if i not in self.written and i not in self._demoted)
-        self._streak = {i: 0 for i in self._watch}
+        self._watch = tuple(i for i in own if i not in self.written)
+        self._stage_all = False
         self._meta = tuple((i, tuple(t.size()), tuple(t.stride())) for i, t in enumerate(inputs)
                            if isinstance(t, torch.Tensor))
         self._copy_in(inputs)
