@@ -20,7 +20,8 @@ demo: install
 
 # The CLIProxyAPI binary for the real-proxy tests (skipped, with that reason, when Go is absent).
 proxy:
-	@command -v go >/dev/null 2>&1 && scripts/build-cliproxyapi.sh .cache/bin || echo "go not found: real-proxy tests will be skipped"
+	@if command -v go >/dev/null 2>&1; then scripts/build-cliproxyapi.sh $(CURDIR)/.cache/bin; \
+	else echo "go not found: real-proxy tests will be skipped"; fi
 
 test: install proxy
 	TORCHINDUCTOR_VEC_ISA_OK=1 TORCHINDUCTOR_CACHE_DIR=$(CURDIR)/.cache/inductor $(PY) -m pytest -q -ra

@@ -15,6 +15,8 @@ VERSION="7.2.140"
 MODULE="github.com/router-for-me/CLIProxyAPI/v7"
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUTDIR="${1:-$REPO_ROOT/.cache/bin}"
+mkdir -p "$OUTDIR"
+OUTDIR="$(cd "$OUTDIR" && pwd)"   # absolute: the build below runs from inside the module cache
 OUT="$OUTDIR/cli-proxy-api"
 
 banner() { "$1" -h 2>&1 | sed -n 1p || true; }   # first line: "CLIProxyAPI Version: X, Commit: …"
