@@ -48,6 +48,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tilesmith._ast import dotted_name as _dotted
 from tilesmith.records import CapturedGraph, InputSpec, RooflineFloor, TensorSpec
 
 __all__ = ["DeviceLimits", "GraphCost", "RooflineParseError", "clear_limits_cache", "floor_from_cost",
@@ -221,15 +222,6 @@ def _meta_from_spec(spec: InputSpec) -> _Meta | None:
     return _Meta(abbr, tuple(spec.shape), tuple(spec.stride), _itemsize(abbr))
 
 
-def _dotted(node: ast.AST) -> str | None:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-        return ".".join(reversed(parts))
-    return None
 
 
 def _value(node: ast.AST) -> Any:

@@ -18,6 +18,7 @@ import ast
 import re
 from dataclasses import dataclass
 
+from tilesmith._ast import dotted_name as _dotted
 from tilesmith.records import CheckFailure
 
 
@@ -290,15 +291,6 @@ def _handler_names(node: ast.AST | None) -> set[str]:
     return {dotted} if dotted else set()
 
 
-def _dotted(node: ast.AST) -> str | None:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-        return ".".join(reversed(parts))
-    return None
 
 
 def _root_name(node: ast.AST) -> str | None:

@@ -18,6 +18,8 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
+from tilesmith._ast import dotted_name as _dotted
+
 
 @dataclass(frozen=True)
 class AgencyCheck:
@@ -27,15 +29,6 @@ class AgencyCheck:
     reasons: tuple[str, ...] = ()
 
 
-def _dotted(node: ast.AST) -> str | None:
-    parts: list[str] = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-        return ".".join(reversed(parts))
-    return None
 
 
 def _find_call(tree: ast.Module) -> ast.FunctionDef | None:
