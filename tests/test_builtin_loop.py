@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tests.builtin_fake_session import FakeSession, captured_graph
+from tests.fixture_paths import fixture as fixture_path
 from tilesmith.agent.builtin import BuiltinOptimizer, BuiltinOptimizerFactory
 from tilesmith.agent.builtin.base import KernelTiming, Profile, Proposal, Skip
 from tilesmith.agent.builtin.cudagraph import MARKER
@@ -19,7 +20,6 @@ from tilesmith.agent.builtin.profile import SearchFailed, parse_result, worker_e
 from tilesmith.agent.builtin.wrapper_text import triton_kernels
 from tilesmith.capture.source import FX_HEADER, canonicalize
 
-FIXTURES = Path(__file__).parent / "fixtures" / "wrappers"
 BASE = "# AOT ID: ['inference']\ndef call(args):\n    args.clear()\n    return ()\n"
 
 
@@ -114,7 +114,7 @@ def test_turn_limit_ends_the_loop_with_its_reason(tmp_path):
 
 # -- real generators ------------------------------------------------------------------------------------
 def fixture(name):
-    return canonicalize((FIXTURES / f"{name}.wrapper.py").read_text(), ("/tmp/torchinductor_root",))
+    return canonicalize(fixture_path(f"{name}.wrapper.py").read_text(), ("/tmp/torchinductor_root",))
 
 
 def never_search(*args, **kwargs):
@@ -122,7 +122,7 @@ def never_search(*args, **kwargs):
 
 
 def test_cpu_graph_ends_exhausted_without_evaluating_or_searching(tmp_path):
-    s = session(tmp_path, source=(FIXTURES / "cpu_mlp_infer.wrapper.py").read_text(), device="cpu")
+    s = session(tmp_path, source=fixture_path("cpu_mlp_infer.wrapper.py").read_text(), device="cpu")
     opt = BuiltinOptimizerFactory(agency="medium", searcher=never_search).for_graph(s)
     opt.optimize(s)
     assert s.evaluations == [] and opt.outcome == "exhausted"

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.fixture_paths import fixture
 from tilesmith.agent.builtin.cudagraph import cudagraph_source
 
-FIXTURES = Path(__file__).parent / "fixtures" / "wrappers"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -63,7 +63,7 @@ def simulate(module, *, fail_capture: bool = False):
 
 
 def candidate_and_original(name: str, **kw):
-    source = (FIXTURES / f"{name}.wrapper.py").read_text()
+    source = fixture(f"{name}.wrapper.py").read_text()
     original = load(source)
     candidate = load(cudagraph_source(source, allow_cpu=True))
     return original, candidate, simulate(candidate, **kw)

@@ -15,20 +15,20 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixture_paths import fixture
 from tilesmith.agent.builtin import cleanup, launch_config
 from tilesmith.agent.builtin.base import KernelTiming, Skip
 from tilesmith.agent.builtin.cudagraph import MARKER, cudagraph_source
 from tilesmith.agent.builtin.wrapper_text import parse_entry, triton_kernels, written_inputs
 from tilesmith.capture.source import canonicalize
 
-FIXTURES = Path(__file__).parent / "fixtures" / "wrappers"
 CUDA_CASES = ["mlp_fp32_infer__00", "mlp_fp32_train__01", "mlp_fp32_train__02", "gpt2_block_bf16_infer__03",
               "gpt2_block_bf16_maxautotune__04", "conv_bf16_cl_infer__05", "softmax_bias_bf16_infer__06"]
 
 
 def wrapper(name: str) -> str:
     """The fixture in canonical form (what sessions hand to optimizers)."""
-    return canonicalize((FIXTURES / f"{name}.wrapper.py").read_text(), ("/tmp/torchinductor_root",))
+    return canonicalize(fixture(f"{name}.wrapper.py").read_text(), ("/tmp/torchinductor_root",))
 
 
 def body_source(source: str) -> str:
@@ -108,7 +108,7 @@ def test_cudagraph_skips_reduce_overhead_partitions_and_cpu_wrappers():
     with pytest.raises(Skip, match="partitions"):
         cudagraph_source(wrapper("reduce_overhead_mlp__10"))
     with pytest.raises(Skip, match="CPU graph"):
-        cudagraph_source((FIXTURES / "cpu_mlp_infer.wrapper.py").read_text())
+        cudagraph_source(fixture("cpu_mlp_infer.wrapper.py").read_text())
 
 
 def test_cudagraph_rewrites_a_pre_runner_top_level_call():
@@ -261,4 +261,4 @@ def test_cleanup_keeps_a_lookup_after_anything_that_may_switch_streams():
 
 
 def test_cleanup_finds_nothing_in_a_cpu_wrapper():
-    assert cleanup.cleanup_source((FIXTURES / "cpu_mlp_infer.wrapper.py").read_text())[1] == 0
+    assert cleanup.cleanup_source(fixture("cpu_mlp_infer.wrapper.py").read_text())[1] == 0

@@ -17,7 +17,7 @@ from tilesmith.cache import store as store_mod
 
 KEY = "ab" + "3" * 62
 KEY2 = "cd" + "4" * 62
-FIXTURE_WRAPPER = Path(__file__).parent / "fixtures" / "cache_cli" / "softmax_bias_bf16_infer.wrapper.py"
+FIXTURE_WRAPPER = Path(__file__).parent / "fixtures" / "inductor-h200" / "softmax_bias_bf16_infer__06.wrapper.py"
 
 
 def make_artifact(**changes) -> Artifact:

@@ -2,7 +2,7 @@
 
 ``build_root(root)`` writes two runs under ``root/runs`` with :class:`tilesmith.track.run.RunFolder` and
 :class:`~tilesmith.track.run.Track` (the classes the pipeline uses), real Inductor wrappers captured on the
-H200 (tests/fixtures/cache_cli/), verdicts built from :mod:`tilesmith.records`, gate reports
+H200 (tests/fixtures/inductor-h200/), verdicts built from :mod:`tilesmith.records`, gate reports
 (``profiles/<eval-id>.json`` holding ``dataclasses.asdict(Verdict)`` under ``"verdict"``, plus a ``.txt``
 summary) and, for the cache-hit track, ``cache.json`` written by the artifact store.
 
@@ -23,7 +23,7 @@ from tilesmith.cache import Artifact, ArtifactStore
 from tilesmith.records import CapturedGraph, CheckFailure, Diagnostic, TensorSpec, Timing, Verdict
 from tilesmith.track.run import RunFolder, Track
 
-FIXTURES = Path(__file__).parent / "fixtures" / "cache_cli"
+FIXTURES = Path(__file__).parent / "fixtures" / "inductor-h200"
 RUN_NEW = "20261130T061500Z-1a2b3c4d"
 RUN_OLD = "20261129T220000Z-9f8e7d6c"
 
@@ -91,7 +91,7 @@ def build_root(root: Path) -> dict[str, object]:
                                   "dynamic=False.", "5e5e5e5e" + "0" * 56, "3_inference"))
 
     # 1. installed after two loops, with rejections on the way
-    g1 = graph("softmax_bias_bf16_infer", "0_inference", "inference")
+    g1 = graph("softmax_bias_bf16_infer__06", "0_inference", "inference")
     t1 = Track(run, g1, key_of("softmax"), loops=2)
     t1.create()
     evaluate(t1, "e0001", 1, "builtin:launch_config", Verdict(
@@ -111,7 +111,7 @@ def build_root(root: Path) -> dict[str, object]:
     del v2
 
     # 2. kept on Inductor
-    g2 = graph("mlp_fp32_infer", "1_forward", "forward")
+    g2 = graph("mlp_fp32_infer__00", "1_forward", "forward")
     t2 = Track(run, g2, key_of("mlp"), loops=2)
     t2.create()
     evaluate(t2, "e0001", 1, "builtin:cudagraph", Verdict(
@@ -125,7 +125,7 @@ def build_root(root: Path) -> dict[str, object]:
     t2.update(status="kept_inductor")
 
     # 3. artifact-cache hit
-    g3 = graph("mlp_fp32_infer", "2_inference", "inference")
+    g3 = graph("mlp_fp32_infer__00", "2_inference", "inference")
     t3 = Track(run, g3, key_of("mlp-cached"), loops=2)
     t3.create()
     store = ArtifactStore(root, enabled=True)

@@ -8,7 +8,7 @@ import pytest
 
 from tilesmith.gate.static_scan import RULE_RATIONALE, findings_to_failures, scan
 
-FIXTURES = sorted((Path(__file__).parent / "cheats" / "fixtures").glob("*.wrapper.py.txt"))
+FIXTURES = sorted((Path(__file__).parent / "fixtures" / "inductor-h200").glob("*.wrapper.py"))
 HEAD = "import torch\nimport os\nimport time\nfrom ctypes import c_void_p, c_long, c_int\n"
 
 

@@ -21,7 +21,7 @@ from tilesmith.agent.llm.proxy_config import (
 )
 from tilesmith.agent.llm.redact import Redactor, proxy_env, tool_env
 
-FIXTURES = Path(__file__).parent / "fixtures" / "inductor"
+FIXTURES = Path(__file__).parent / "fixtures" / "inductor-h200"
 
 
 def _exe(folder: Path, name: str = "cli-proxy-api") -> Path:

@@ -10,7 +10,7 @@ import torch
 
 from tilesmith.agent.llm.profiling import profile_source
 
-FIXTURES = Path(__file__).parent / "fixtures" / "inductor"
+FIXTURES = Path(__file__).parent / "fixtures" / "inductor-h200"
 
 CPU_WRAPPER = '''
 import torch

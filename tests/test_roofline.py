@@ -1,7 +1,7 @@
 """Roofline floors from FX program text: hand-computed bytes and FLOPs on real H200 graphs.
 
-Fixtures in tests/fixtures/roofline/: ``*__NN.fx.txt`` are copies of /work/shared/fixtures/inductor-h200
-(captured on the H200, torch 2.11.0+cu130); ``*_cpu*.fx.txt`` were captured on CPU with
+Fixtures: the H200 ``*__NN.fx.txt`` graphs from tests/fixtures/inductor-h200/ (one copy, see tests/fixture_paths.py)
+and tests/fixtures/roofline/: ``*_cpu*.fx.txt`` were captured on CPU with
 ``bench.harness.capture_graphs``; ``*_synthetic.fx.txt`` are hand-written in the same format.
 """
 
@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.fixture_paths import fixture
 from tilesmith.records import CapturedGraph, ScalarSpec, TensorSpec
 from tilesmith.roofline import (
     DeviceLimits,
@@ -25,13 +26,12 @@ from tilesmith.roofline import (
     roofline_floor,
 )
 
-FIX = Path(__file__).parent / "fixtures" / "roofline"
 LIMITS = DeviceLimits(device="cuda:0", device_name="test", copy_gbps=4000.0, matmul_bf16_tflops=800.0,
                       matmul_fp32_tflops=50.0)
 
 
 def fx(name: str) -> str:
-    return (FIX / name).read_text()
+    return fixture(name).read_text()
 
 
 def mm_flops(m: int, n: int, k: int) -> int:
