@@ -3,7 +3,7 @@
 Usage::
 
     python bench/cache_hit.py                     # CPU test mode (TILESMITH_ALLOW_CPU=1), scripted optimizer
-    python bench/cache_hit.py --device cuda       # on a GPU, with the built-in agent (tilesmith/builtin)
+    python bench/cache_hit.py --device cuda       # on a GPU, proposing the built-in CUDA-graph rewrite
     python bench/cache_hit.py --device cuda --repeats 5 --out results/
 
 Method (every measurement is a fresh Python process, so nothing is shared in memory):
@@ -23,7 +23,8 @@ Nothing is asserted: this is a benchmark, not a test.
 
 Models: CPU — ``tanh(x @ w)`` written as broadcast-multiply-sum (64×512·512×256), with a scripted optimizer
 that replaces Inductor's C++ reduction loop by a BLAS ``mm`` (an honest, large win the gate accepts).
-CUDA — ``examples.models.MLPBlock`` (64×1024→4096→1024 fp32, launch-bound) with ``tilesmith/builtin``.
+CUDA — ``examples.models.MLPBlock`` (64×1024→4096→1024 fp32, launch-bound) with a scripted optimizer that
+proposes the built-in agent's whole-call CUDA-graph rewrite (the gate decides as always).
 """
 
 from __future__ import annotations
@@ -45,11 +46,12 @@ GOAL_S = 0.5
 
 # -- the child process -----------------------------------------------------------------------------------
 
-class MMFactory:
-    """Scripted optimizer for the CPU model: one turn replacing the C++ multiply-sum loop by ``mm``."""
+class OneTurnFactory:
+    """Scripted optimizer factory: one turn that rewrites the attempt with :meth:`edit` (``None``: no proposal).
+    ``calls`` counts the graphs it was asked about (a cache hit must leave it at 0)."""
 
-    name = "bench-mm"
-    _LOOP = re.compile(r"cpp_fused_mul_sum_tanh_unsqueeze_\d+\((buf\d+), (\w+), (\w+)\)")
+    name = "bench-one-turn"
+    proposer = note = ""
 
     def __init__(self) -> None:
         self.calls = 0
@@ -58,18 +60,45 @@ class MMFactory:
         self.calls += 1
         return self
 
+    def edit(self, text: str) -> str | None:
+        raise NotImplementedError
+
     def optimize(self, session) -> None:
         if session.stop_reason():
             return
         path = session.new_turn()
         text = path.read_text()
-        new = self._LOOP.sub(r"extern_kernels.mm(\2, \3, out=\1); torch.tanh(\1, out=\1)", text, count=1)
-        if new != text:
+        new = self.edit(text)
+        if new is not None and new != text:
             path.write_text(new)
-            session.evaluate(proposer="bench:mm", note="BLAS mm instead of the C++ reduction loop")
+            session.evaluate(proposer=self.proposer, note=self.note)
 
     def close(self) -> None:
         pass
+
+
+class MMFactory(OneTurnFactory):
+    """CPU model: replace the C++ multiply-sum loop by a BLAS ``mm``."""
+
+    name, proposer, note = "bench-mm", "bench:mm", "BLAS mm instead of the C++ reduction loop"
+    _LOOP = re.compile(r"cpp_fused_mul_sum_tanh_unsqueeze_\d+\((buf\d+), (\w+), (\w+)\)")
+
+    def edit(self, text: str) -> str | None:
+        return self._LOOP.sub(r"extern_kernels.mm(\2, \3, out=\1); torch.tanh(\1, out=\1)", text, count=1)
+
+
+class CudaGraphFactory(OneTurnFactory):
+    """CUDA model: the built-in agent's whole-call CUDA-graph rewrite of the graph's own wrapper (deterministic,
+    unlike the built-in agent's gain estimate, which decides from a short profile whether to propose it)."""
+
+    name, proposer, note = "bench-cudagraph", "bench:cudagraph", "whole-call CUDA graph (built-in generator)"
+
+    def edit(self, text: str) -> str | None:
+        from tilesmith.agent.builtin.cudagraph import cudagraph_source
+        from tilesmith.capture.source import strip_fx_header
+
+        wrapper = strip_fx_header(text)
+        return text.replace(wrapper, cudagraph_source(wrapper, device="cuda:0"))
 
 
 def _model(device: str):
@@ -104,8 +133,8 @@ def child(mode: str, device: str) -> None:
         except ImportError:
             pass
     model, x = _model(device)
-    factory = MMFactory() if device == "cpu" else None
-    agent = factory if factory is not None else "tilesmith/builtin"
+    factory = MMFactory() if device == "cpu" else CudaGraphFactory()
+    agent = factory
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     started = time.perf_counter()
     if mode == "plain":
@@ -162,8 +191,8 @@ def main() -> int:
             env["TILESMITH_ALLOW_CPU"] = "1"
             env.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
         seed = _spawn("seed", device, env, args.timeout)
-        print(f"seed run: first call {seed['first_call_s']:.2f} s, installed from {seed.get('sources')}, "
-              f"diagnostics {seed.get('diagnostics')}")
+        print(f"seed run: first call {seed['first_call_s']:.2f} s, installed from {seed.get('sources')} "
+              f"with speedups {seed.get('speedups')}, diagnostics {seed.get('diagnostics')}")
         if "optimizer" not in (seed.get("sources") or []):
             print("the seed run installed nothing, so there is no artifact to hit; nothing to measure")
             return 1

@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import torch
 
+from tilesmith.capture.graph import static_inputs
 from tilesmith.records import CapturedGraph, ScalarSpec, TensorSpec
 
 os.environ.setdefault("TILESMITH_ALLOW_CPU", "1")
@@ -75,6 +76,7 @@ def capture(model: Any, *args: torch.Tensor, grad: bool = False) -> list[Capture
         record: list[Any] = []
         kind = "backward" if kwargs.get("is_backward") else ("inference" if kwargs.get("is_inference") else "forward")
         source = out.source_code
+        static = static_inputs(kwargs, list(example_inputs))  # inside inner_compile: Inductor's config applies
         match = re.search(r"# AOT ID: \['([^']+)'\]", source)
 
         def recorder(call_args: list[Any]) -> Any:
@@ -89,7 +91,8 @@ def capture(model: Any, *args: torch.Tensor, grad: bool = False) -> list[Capture
                     output_strides=tuple(None if s is None else tuple(str(x) for x in s) for s in out.output_strides),
                     mutated_input_idxs=tuple(sorted(out.mutated_input_idxs)),
                     inputs_to_check=tuple(out.inputs_to_check), device=_device_of(call_args),
-                    inductor_key=out._fx_graph_cache_key, constant_names=tuple(sorted(out.constants)))
+                    inductor_key=out._fx_graph_cache_key, constant_names=tuple(sorted(out.constants)),
+                    static_input_idxs=static)
                 found.append(Captured(graph, original, record, dict(out.constants)))
             return original(call_args)
 
@@ -202,4 +205,16 @@ def reassociate_chain(src: str) -> str:
         "return (buf_out, )"]
     lines[start: end + 1] = [indent + line.strip() for line in body]
     return "\n".join(lines) + "\n"
+
+
+def runtime_checks_only(monkeypatch: Any) -> None:
+    """Switch the host-side static scan off for the rest of a test (``monkeypatch`` is pytest's fixture).
+
+    Cheats and faults written to exercise the worker's runtime checks (obfuscated names, ``getattr`` with
+    concatenated names) are rejected early by the hardened static scan; with the scan off they reach the
+    worker, so each runtime check keeps a regression test. Never used outside tests.
+    """
+    from tilesmith.gate import gate as gate_module
+
+    monkeypatch.setattr(gate_module, "scan", lambda source: [])
 

@@ -47,7 +47,8 @@ def gate(cap, user_tensors, tmp_path_factory):
 
 
 @pytest.mark.parametrize("fault", FAULTS, ids=lambda f: f.name)
-def test_fault_costs_only_the_candidate(fault, gate, cap, user_tensors):
+def test_fault_costs_only_the_candidate(fault, gate, cap, user_tensors, monkeypatch):
+    gs.runtime_checks_only(monkeypatch)  # faults reach the worker even where the static scan would refuse them
     verdict = gate.evaluate(Candidate(source=fault.make(cap.source), proposer=f"fault:{fault.name}"))
     assert verdict.status == fault.status, verdict.reasons
     assert fault.check in [f.check for f in verdict.failures], verdict.reasons
@@ -58,7 +59,8 @@ def test_fault_costs_only_the_candidate(fault, gate, cap, user_tensors):
     assert torch.equal(again, out)
 
 
-def test_crash_reason_names_the_signal(gate, cap):
+def test_crash_reason_names_the_signal(gate, cap, monkeypatch):
+    gs.runtime_checks_only(monkeypatch)
     verdict = gate.evaluate(Candidate(source=FAULTS[0].make(cap.source), proposer="fault:segfault"))
     assert "SIGSEGV" in " ".join(verdict.reasons)
 

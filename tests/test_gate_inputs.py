@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tilesmith.gate.inputs import apply_factors, clone_layout, make_variant, scale_ladder, timing_factors
+from tilesmith.gate.inputs import (accumulates, apply_factors, clone_layout, make_variant, perturbed, scale_ladder,
+                                   timing_factors)
 
 
 def _layout(t):
@@ -41,11 +42,69 @@ def test_normal_variant_is_the_captured_values(base):
 
 
 @pytest.mark.parametrize("variant", ["random", "zero", "high_magnitude"])
-def test_integer_and_boolean_inputs_keep_their_values_as_a_permutation(base, variant):
-    out = make_variant(base, variant, seed=5, scale=64.0)
+def test_conservative_variant_permutes_integer_and_boolean_inputs(base, variant):
+    out = make_variant(base, variant, seed=5, scale=64.0, vary=False)
     assert torch.equal(out[2].sort().values, base[2].sort().values)
     assert not torch.equal(out[2], base[2])
     assert out[3].sum() == base[3].sum()
+
+
+@pytest.mark.parametrize("variant", ["random", "zero", "high_magnitude"])
+def test_varied_integers_stay_in_the_captured_range_widened_towards_zero(base, variant):
+    out = make_variant(base, variant, seed=5, scale=64.0)
+    lo, hi = int(base[2].min()), int(base[2].max())
+    assert int(out[2].min()) >= min(lo, 1) and int(out[2].max()) <= hi
+    assert not torch.equal(out[2].sort().values, base[2].sort().values)  # new values, not a permutation
+
+
+def test_one_element_position_gets_another_smaller_valid_value():
+    seen = {int(make_variant([torch.tensor([5])], "random", seed=s)[0]) for s in range(20)}
+    assert seen <= {1, 2, 3, 4} and len(seen) >= 3
+    assert int(make_variant([torch.tensor([-3])], "random", seed=1)[0]) in (-2, -1)
+    assert int(make_variant([torch.tensor([0, 4])], "random", seed=1)[0].min()) >= 0
+
+
+def test_zero_is_drawn_only_when_the_captured_values_contain_it():
+    values = torch.cat([make_variant([torch.tensor([1, 2, 3, 2])], "random", seed=s)[0] for s in range(30)])
+    assert int((values == 0).sum()) == 0 and int(values.min()) >= 1
+
+
+def test_all_true_mask_gets_partially_false_patterns():
+    mask = torch.ones(32, 64, dtype=torch.bool)
+    out = make_variant([mask], "random", seed=3)[0]
+    assert 0.6 < float(out.float().mean()) < 0.9
+    flags = {bool(make_variant([torch.tensor([True])], "random", seed=s)[0]) for s in range(10)}
+    assert flags == {True, False}
+
+
+def test_unique_indices_stay_unique_unless_the_graph_accumulates():
+    idx = torch.randperm(128)[:64]
+    plain = make_variant([idx], "random", seed=4)[0]
+    assert plain.unique().numel() == 64 and not torch.equal(plain.sort().values, idx.sort().values)
+    dup = make_variant([idx], "random", seed=4, duplicates=True)[0]
+    assert dup.unique().numel() < 64 and int(dup.min()) >= 0 and int(dup.max()) <= int(idx.max())
+    assert accumulates("atomic_add_vec<float, 2, 1>(out_ptr0, tmp12, tmp9);")
+    assert accumulates("tl.atomic_add(out_ptr0 + (x0), tmp5, sem='relaxed')")
+    assert not accumulates("tmp0 = tl.load(in_ptr0 + (x0))")
+
+
+def test_infinite_positions_move_within_their_row_keeping_the_count():
+    mask = torch.zeros(8, 64)
+    mask[:, 48:] = float("-inf")
+    out = make_variant([mask], "random", seed=2)[0]
+    assert torch.equal(torch.isneginf(out).sum(1), torch.full((8,), 16))
+    assert not torch.equal(torch.isneginf(out), torch.isneginf(mask))
+    zero = make_variant([mask], "zero", seed=2)[0]
+    assert torch.equal(torch.isneginf(zero), torch.isneginf(mask))
+    kept = make_variant([mask], "random", seed=2, vary=False)[0]
+    assert torch.equal(torch.isneginf(kept), torch.isneginf(mask))
+
+
+def test_perturbed_inputs_differ_by_a_few_ulps_only():
+    x = torch.randn(1000)
+    p = perturbed([x, torch.tensor([3])], seed=1)
+    rel = ((p[0] - x) / x).abs()
+    assert 0 < float(rel.max()) <= 5 * torch.finfo(torch.float32).eps and torch.equal(p[1], torch.tensor([3]))
 
 
 def test_zero_variant_zeroes_floats_but_keeps_non_finite_markers(base):

@@ -9,6 +9,7 @@ import pytest
 from tilesmith.gate.static_scan import RULE_RATIONALE, findings_to_failures, scan
 
 FIXTURES = sorted((Path(__file__).parent / "fixtures" / "inductor-h200").glob("*.wrapper.py"))
+CPU_FIXTURES = sorted((Path(__file__).parent / "fixtures" / "wrappers").glob("*.py"))
 HEAD = "import torch\nimport os\nimport time\nfrom ctypes import c_void_p, c_long, c_int\n"
 
 
@@ -29,12 +30,59 @@ def test_fixtures_are_present():
     assert len(FIXTURES) >= 10
 
 
-def test_real_cpu_wrapper_passes():
-    torch = pytest.importorskip("torch")
+@pytest.mark.parametrize("path", CPU_FIXTURES, ids=lambda p: p.stem)
+def test_stored_cpu_inductor_wrappers_pass(path):
+    assert scan(path.read_text()) == []
+
+
+def _cpu_models():
+    import torch
+
+    from tests import gate_support as gs
+    from tests.models import MulSum
+
+    return {"linear_ln": (gs.LinearLN(), (torch.randn(32, 64),), False),
+            "linear_ln_train": (gs.LinearLN(), (torch.randn(32, 64, requires_grad=True),), True),
+            "log_scale": (gs.LogScale(), (torch.rand(32, 64) + 0.5,), False),
+            "embed": (gs.Embed(), (torch.randint(0, 50, (8, 16)), torch.tensor(2.0)), False),
+            "mul_sum": (MulSum(), (torch.randn(64, 512),), False)}
+
+
+@pytest.mark.parametrize("name", ["linear_ln", "linear_ln_train", "log_scale", "embed", "mul_sum"])
+def test_real_cpu_wrappers_pass(name):
+    pytest.importorskip("torch")
     from tests import gate_support as gs
 
-    cap = gs.capture(gs.LinearLN(), torch.randn(32, 64))[0]
-    assert scan(cap.source) == []
+    model, args, grad = _cpu_models()[name]
+    caps = gs.capture(model, *args, grad=grad)
+    assert caps
+    for cap in caps:
+        assert scan(cap.source) == [], (cap.graph.kind, [(f.rule, f.detail) for f in scan(cap.source)])
+
+
+def test_builtin_agent_candidates_pass():
+    from tilesmith.agent.builtin import cleanup, launch_config
+    from tilesmith.agent.builtin.base import Skip
+    from tilesmith.agent.builtin.cudagraph import cudagraph_source
+    from tilesmith.agent.builtin.wrapper_text import triton_kernels
+
+    from tilesmith.capture.source import canonicalize
+
+    made = 0
+    for path in FIXTURES:
+        src = canonicalize(path.read_text(), ("/tmp/torchinductor_root",))
+        builders = [cudagraph_source, lambda s: cleanup.cleanup_source(s)[0],
+                    lambda s: launch_config.search_source(s, launch_config.plan_search(s)[0]),
+                    lambda s: launch_config.pin_source(s, {triton_kernels(s)[0].var: {"XBLOCK": 512, "num_warps": 4,
+                                                                                      "num_stages": 1}})]
+        for build in builders:
+            try:
+                out = build(src)
+            except (Skip, IndexError):  # a generator that does not apply to this wrapper
+                continue
+            made += 1
+            assert scan(out) == [], (path.name, [(f.rule, f.detail) for f in scan(out)])
+    assert made >= 3 * len(FIXTURES)
 
 
 @pytest.mark.parametrize("snippet, rule", [
@@ -53,6 +101,7 @@ def test_real_cpu_wrapper_passes():
     ("open('/etc/passwd').read()", "static_file_access"),
     ("os.listdir('/')", "static_file_access"),
     ("k = os.environ['OPENAI_API_KEY']", "static_file_access"),
+    ("k = os.getenv('OPENAI_API_KEY')", "static_file_access"),
     ("torch.load('cache.pt')", "static_file_access"),
     ("import socket", "static_network"),
     ("os.kill(os.getpid(), 9)", "static_process_control"),
@@ -112,21 +161,38 @@ def test_failures_carry_line_and_reason():
     assert failure.message.startswith("line 6:") and RULE_RATIONALE["static_introspection"] in failure.message
 
 
-def test_cuda_cheats_and_faults_get_past_the_scan_so_runtime_checks_must_catch_them():
+# Cheats and faults of the runtime suites that the hardened scan now also rejects (they hid their names with
+# getattr/vars and concatenated strings, the red team's bypass); their suites evaluate them with the scan
+# switched off (tests.gate_support.runtime_checks_only) so every runtime check keeps its regression test.
+OBFUSCATED_NOW_STATIC = {
+    "tf32_flip_hidden": "static_global_state", "rng_reseed_hidden": "static_global_state",
+    "background_thread_hidden": "static_concurrency", "timer_patch_hidden": "static_dynamic_access",
+    "harness_patch": "static_introspection", "baseline_sabotage": "static_introspection",
+    "tf32_flip_hidden_cuda": "static_global_state", "event_timer_patch_hidden": "static_dynamic_access",
+    "segfault": "static_process_control", "os_exit": "static_process_control",
+}
+
+
+def test_cuda_cheats_and_faults_get_past_the_scan_unless_they_hide_names():
     from tests.cheats.gpu import GPU_CHEATS, GPU_FAULTS, deferred_side_work
 
     src = next(p for p in FIXTURES if p.name.startswith("softmax_bias")).read_text()
     for cheat in [*GPU_CHEATS, *GPU_FAULTS]:
         edited = cheat.make(src)
         assert edited != src
-        assert scan(edited) == [], cheat.name
+        found = rules(edited)
+        if cheat.name in OBFUSCATED_NOW_STATIC:
+            assert {OBFUSCATED_NOW_STATIC[cheat.name], "static_dynamic_access"} <= found, cheat.name
+        else:
+            assert found == set(), (cheat.name, found)
     assert scan(deferred_side_work(src)) == []
 
 
-def test_hidden_cpu_cheats_get_past_the_scan_and_plain_ones_do_not():
+def test_hidden_cpu_cheats_get_past_the_scan_unless_they_hide_names_and_plain_ones_do_not():
     torch = pytest.importorskip("torch")
     from tests import gate_support as gs
     from tests.cheats.cpu import CHEATS
+    from tests.cheats.faults import FAULTS
 
     cap = gs.capture(gs.LinearLN(), torch.randn(32, 64))[0]
     train = [c for c in gs.capture(gs.LinearLN(), torch.randn(32, 64, requires_grad=True), grad=True)
@@ -135,5 +201,68 @@ def test_hidden_cpu_cheats_get_past_the_scan_and_plain_ones_do_not():
         found = rules(cheat.make((train if cheat.graph == "train" else cap).source))
         if cheat.status == "rejected_static":
             assert cheat.check in found, cheat.name
+        elif cheat.name in OBFUSCATED_NOW_STATIC:
+            assert {OBFUSCATED_NOW_STATIC[cheat.name], "static_dynamic_access"} <= found, (cheat.name, found)
         else:
             assert found == set(), (cheat.name, found)
+    for fault in FAULTS:
+        found = rules(fault.make(cap.source))
+        expected = {OBFUSCATED_NOW_STATIC[fault.name], "static_dynamic_access"} if fault.name in \
+            OBFUSCATED_NOW_STATIC else set()
+        assert expected <= found and (found == set()) == (not expected), (fault.name, found)
+
+
+# -- red-team finding 10: every bypass is now reported with its check id ---------------------------------
+def _redteam():
+    from tests.cheats import redteam_static
+
+    return redteam_static
+
+
+@pytest.fixture(scope="module")
+def cpu_wrapper():
+    torch = pytest.importorskip("torch")
+    from tests import gate_support as gs
+
+    return gs.capture(gs.LinearLN(), torch.randn(32, 64))[0].source
+
+
+@pytest.mark.parametrize("where", ["module", "call"])
+@pytest.mark.parametrize("name", sorted(_redteam().BYPASSES))
+def test_red_team_bypass_is_reported_with_its_check_id(name, where, cpu_wrapper):
+    rt = _redteam()
+    code, rule = rt.BYPASSES[name]
+    edited = (rt.with_module_code if where == "module" else rt.with_call_code)(cpu_wrapper, code)
+    found = scan(edited)
+    assert rule in {f.rule for f in found}, (name, [(f.rule, f.detail) for f in found])
+    assert all(f.line > 1 for f in found)
+
+
+@pytest.mark.parametrize("name", sorted(_redteam().CANDIDATES))
+def test_red_team_candidates_are_rejected_statically(name, cpu_wrapper):
+    make, rule = _redteam().CANDIDATES[name]
+    edited = make(cpu_wrapper, cpu_wrapper)
+    assert edited != cpu_wrapper
+    assert rule in rules(edited)
+
+
+def test_dynamic_access_message_names_the_computed_name_and_the_remedy():
+    [failure] = [f for f in findings_to_failures(scan(body("_s = getattr(torch, 's' + 'ys')")))
+                 if f.check == "static_dynamic_access"]
+    assert "'sys'" in failure.message and "literally" in failure.message
+    assert failure.message.startswith("line 6:")
+
+
+def test_literal_getattr_of_harmless_names_and_triton_loads_pass():
+    # the built-in agent's CUDA-graph runtime reads torch internals with literal getattr names
+    assert rules(body("g = getattr(getattr(torch._C, '_dynamo', None), 'guards', None)",
+                      "h = hasattr(torch, 'compile')")) == set()
+    kernel = ("k = async_compile.triton('k', \'\'\'\nimport triton\nimport triton.language as tl\n@triton.jit\n"
+              "def k(in_ptr0, out_ptr0):\n    tmp0 = tl.load(in_ptr0)\n    tl.store(out_ptr0, tmp0)\n"
+              "\'\'\', device_str='cuda')\n")
+    assert rules(body("pass") + kernel) == set()
+
+
+def test_module_alias_by_assignment_is_still_the_module():
+    assert "static_monkeypatch" in rules(body("_t = time", "_t.perf_counter = lambda: 0.0"))
+    assert "static_process_control" in rules(body("_o = os", "_o.kill(0, 9)"))

@@ -69,6 +69,15 @@ class CapturedGraph:
     compile_mode: str | None = None
     constant_names: tuple[str, ...] = ()
     """Module attributes Inductor passes at load time (constants, frozen parameters)."""
+    static_input_idxs: tuple[int, ...] = ()
+    """Inputs Inductor treats as living at one address across calls (the ``static_input_idxs`` it passes to
+    ``inner_compile``: the module's parameters and buffers, and tensors marked with
+    ``torch._dynamo.mark_static_address``), recorded for forward and inference graphs only; always ``()``
+    for backward graphs (Inductor marks their saved activations static for its own CUDA-graph trees,
+    although their addresses change from step to step in training) and under ``freezing`` (the indices then
+    refer to the argument list before frozen parameters were removed). The gate's timing keeps these
+    inputs at one address across the calls of a sample (docs/gate.md, "Timing method"). Not part of the
+    cache key."""
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,9 @@ LayerNorm output plus saved activations, some of which are its own inputs); ``lo
 inference (NaN wherever x < 0).
 
 Cheats whose plain form the static scan already rejects also appear in an obfuscated form (names built
-from strings, reached through ``getattr``/``vars``) so the runtime checks are exercised too.
+from strings, reached through ``getattr``/``vars``). The hardened scan refuses those too
+(``static_dynamic_access``); their tests switch the scan off (``gate_support.runtime_checks_only``) so the
+runtime checks keep a regression test of their own.
 """
 
 from __future__ import annotations
@@ -166,10 +168,10 @@ def static_output_buffer(src: str) -> str:
 
 
 def drift_after_checks(src: str) -> str:
-    # llm.c PR #852: correct for the first calls (the checks), wrong later (the timed calls).
+    # llm.c PR #852: correct for the first calls (the correctness checks make ~22), wrong later (the timed calls).
     out = _out(src)
     src = module_code(src, "_CALLS = [0]")
-    return before_return(src, ["_CALLS[0] += 1", "if _CALLS[0] > 12:", f"    {out}.mul_(1.01)"])
+    return before_return(src, ["_CALLS[0] += 1", "if _CALLS[0] > 40:", f"    {out}.mul_(1.01)"])
 
 
 def exec_static(src: str) -> str:

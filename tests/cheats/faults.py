@@ -1,7 +1,8 @@
 """Crashing and hanging candidates for the fault suite (edits of the LinearLN CPU wrapper).
 
-Names of process-control functions are built from strings so the static scan lets them through: the
-point is to show the worker isolation holds when a fault reaches run time.
+Names of process-control functions are built from strings. The hardened static scan refuses that
+(``static_dynamic_access``); the fault tests switch the scan off (``gate_support.runtime_checks_only``)
+because the point is to show the worker isolation holds when a fault reaches run time.
 """
 
 from __future__ import annotations

@@ -8,6 +8,9 @@ wrapper; the real gate decides. Every test prints what it saw (benchmarks lines 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,12 +23,18 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 @pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
+def isolated(tmp_path, monkeypatch, request):
     monkeypatch.setenv("TILESMITH_CACHE_DIR", str(tmp_path / "ts"))
     monkeypatch.delenv("TILESMITH_ALLOW_CPU", raising=False)
     torch._dynamo.reset()
     yield tmp_path / "ts"
     torch._dynamo.reset()
+    keep = os.environ.get("OUT")  # the device tool's output folder: keep the gate reports for the issue note
+    if keep:
+        dest = Path(keep) / "profiles" / request.node.name
+        for report in (tmp_path / "ts").glob("runs/*/*/profiles/*.txt"):
+            dest.mkdir(parents=True, exist_ok=True)
+            shutil.copy(report, dest / f"{report.parent.parent.name[:8]}-{report.name}")
 
 
 def cudagraph_edit(text: str) -> str:

@@ -22,13 +22,14 @@ def captured_graph(compiled: Any, fx_program: str, example_inputs: Any, kwargs: 
     strides = tuple(None if s is None else tuple(str(x) for x in s)
                     for s in (getattr(compiled, "output_strides", None) or ()))
     constants = getattr(compiled, "constants", None) or {}
+    inputs = tuple(input_spec(x) for x in example_inputs)
     return CapturedGraph(
         name=name,
         kind=kind,
         source=source,
         canonical_source=canonicalize(source),
         fx_program=fx_program,
-        inputs=tuple(input_spec(x) for x in example_inputs),
+        inputs=inputs,
         output_strides=strides,
         mutated_input_idxs=tuple(sorted(int(i) for i in (getattr(compiled, "mutated_input_idxs", None) or ()))),
         inputs_to_check=tuple(int(i) for i in (getattr(compiled, "inputs_to_check", None) or ())),
@@ -36,7 +37,50 @@ def captured_graph(compiled: Any, fx_program: str, example_inputs: Any, kwargs: 
         inductor_key=getattr(compiled, "_fx_graph_cache_key", None),
         compile_mode=compile_mode,
         constant_names=tuple(sorted(str(k) for k in constants)),
+        static_input_idxs=static_inputs(kwargs, inputs),
     )
+
+
+def static_inputs(kwargs: dict[str, Any], inputs: tuple[InputSpec, ...] | list[Any]) -> tuple[int, ...]:
+    """The ``static_input_idxs`` Inductor passed to ``inner_compile`` for a forward or inference graph.
+
+    ``kwargs`` are the ``inner_compile`` keyword arguments (research/inductor.md §1.1; on torch 2.11
+    ``compile_fx_forward`` and the inference path pass the parameter/buffer indices from
+    ``fw_metadata.static_input_indices``, ``torch/_inductor/compile_fx.py:get_static_input_idxs``);
+    ``inputs`` the graph's input specs (or example values), used to keep only indices of tensor inputs.
+
+    Returns ``()`` for backward graphs (``compile_fx_backward`` passes ``range(count_tangents)``: saved
+    activations whose addresses change between training steps, so treating them as static would overstate
+    a CUDA-graph candidate's gain) and when Inductor's ``freezing`` is on (``fw_compiler_freezing`` passes
+    indices into the argument list *before* frozen parameters were dropped, which do not match the
+    wrapper's inputs). Out-of-range, duplicate and non-integer entries are dropped.
+    """
+    if graph_kind(kwargs) == "backward":
+        return ()
+    try:
+        from torch._inductor import config as inductor_config
+
+        if bool(getattr(inductor_config, "freezing", False)):
+            return ()
+    except ImportError:  # pragma: no cover - torch without Inductor
+        return ()
+    found: set[int] = set()
+    for i in kwargs.get("static_input_idxs") or ():
+        try:
+            idx = int(i)
+        except (TypeError, ValueError):
+            continue
+        if 0 <= idx < len(inputs) and _is_tensor(inputs[idx]):
+            found.add(idx)
+    return tuple(sorted(found))
+
+
+def _is_tensor(value: Any) -> bool:
+    if isinstance(value, TensorSpec):
+        return True
+    import torch
+
+    return isinstance(value, torch.Tensor)
 
 
 def graph_kind(kwargs: dict[str, Any]) -> GraphKind:

@@ -47,8 +47,8 @@ from tilesmith.gate import stats, torchstate
 from tilesmith.gate.compare import TOLERANCES
 from tilesmith.gate.phase import HighScale, PhaseConfig, PhaseResult, run_phase, status_for
 from tilesmith.gate.problem import GateProblem
-from tilesmith.gate.process import WorkerProcess, redact
-from tilesmith.gate.reference import HostReference, RefResult, WorkerReference, to_device
+from tilesmith.gate.process import WorkerProcess, make_cache_template, redact
+from tilesmith.gate.reference import HostReference, RefResult, ScreenedReference, WorkerReference, to_device
 from tilesmith.gate.static_scan import findings_to_failures, scan
 from tilesmith.gate.timing import SAMPLE_MAX_MS, SAMPLE_TARGET_MS
 from tilesmith.records import Candidate, CheckFailure, Verdict
@@ -120,12 +120,15 @@ class Gate:
         self._finalizer = weakref.finalize(self, _cleanup, self._workers, self.dir)
         self._counter = 0
         self._spare: WorkerProcess | None = None
+        self._template: Path | None = None  # compiler caches of a fresh worker (original's kernels only)
         self._worker_info: dict[str, Any] | None = None
         self.expected: list[dict[str, Any]] = []
         self.fsize_limit = 0
         try:
             if reference is not None:
-                self.reference: Any = HostReference(reference, self.device, tuple(graph.mutated_input_idxs))
+                host = HostReference(reference, self.device, tuple(graph.mutated_input_idxs))
+                self.reference: Any = ScreenedReference(host, self.base_inputs, self._trusted_worker, self.files,
+                                                        self.worker_timeout_s)
             else:
                 self.reference = WorkerReference(self._start_worker("reference"), self.files, self.worker_timeout_s)
                 self._ready(self.reference.worker, "the trusted reference worker")
@@ -134,7 +137,7 @@ class Gate:
             self.fsize_limit = max(1 << 30, 8 * self.captured.total_bytes())
             self.uses_rng = self._detect_rng(reference)
             self.tf32 = self._uses_tf32()
-            self.scale = HighScale(self.base_inputs)
+            self.scale = HighScale(self.base_inputs, problem.original_source)
             self._spare = self._start_worker("candidate")
         except BaseException:
             self.close()
@@ -175,7 +178,7 @@ class Gate:
         if not self._finalizer.alive:
             raise WorkerError(f"{self.label}: the gate is closed")
         self._workers[:] = [w for w in self._workers if w.alive()]
-        worker = WorkerProcess(Path(self.dir), label=f"{self.label} {role} worker")
+        worker = WorkerProcess(Path(self.dir), label=f"{self.label} {role} worker", template=self._template)
         self._workers.append(worker)
         worker.init_rid = worker.send(  # type: ignore[attr-defined]
             "init", device=str(self.device), flags=self.flags,
@@ -199,8 +202,20 @@ class Gate:
                               f"{str(err.get('message'))[:500]}. Check that the graph's inputs.pt/constants.pt "
                               f"match the wrapper.")
         worker.init_answer = answer  # type: ignore[attr-defined]
+        if self._template is None:  # before any candidate: only the original's compiled kernels are in it
+            self._template = make_cache_template(worker, Path(self.dir) / "cache-template")
         self._worker_info = {**(worker.ready_info or {}), **answer}
         return answer
+
+    def _trusted_worker(self) -> WorkerProcess:
+        """A started, initialized worker for reference runs only (no candidate is ever loaded into it)."""
+        worker = self._start_worker("reference")
+        try:
+            self._ready(worker, "the trusted reference worker")
+        except WorkerError:
+            worker.kill()
+            raise
+        return worker
 
     def _take_worker(self) -> WorkerProcess:
         """A started, initialized worker that has never imported any candidate; starts the next spare."""
@@ -242,7 +257,8 @@ class Gate:
                            expected_bytes=self.captured.total_bytes() + sum(
                                int(t.numel() * t.element_size()) for t in self.captured.mutated.values()),
                            ref_call_ms=max(self.captured.wall_ms, 0.01), target_ms=self.target_ms,
-                           max_sample_ms=self.max_sample_ms, quiesce=self._quiesce)
+                           max_sample_ms=self.max_sample_ms, quiesce=self._quiesce,
+                           static_input_idxs=self.problem.static_input_idxs)
 
     def _phase(self, name: str, candidate: Candidate, incumbent: Candidate | None, eval_id: str) -> PhaseResult:
         worker = self._take_worker()
@@ -384,7 +400,8 @@ class Gate:
                          "worker_start_timeout_s": self.start_timeout_s, "worker_timeout_s": self.worker_timeout_s,
                          "run_timeout_s": self.run_timeout_s, "tf32_tolerances": self.tf32,
                          "uses_rng": self.uses_rng, "flags": self.flags},
-            "reference": {"source": "host callable" if isinstance(self.reference, HostReference) else "trusted worker",
+            "reference": {"source": "host callable" if isinstance(self.reference, ScreenedReference) else "trusted worker",
+                          "runs_in_trusted_worker": getattr(self.reference, "screened", 0),
                           "call_ms": self.captured.wall_ms, "outputs": self.captured.facts},
             "tolerances": {k: v.__dict__ for k, v in TOLERANCES.items()},
             "environment": reports.environment(self.device, self._worker_info),

@@ -1,21 +1,29 @@
 """Input variants the gate checks and times on, built in the host from the first real call's inputs.
 
 Every variant keeps each input's exact size, stride and storage offset (values are written through
-the storage, so overlapping layouts such as stride-0 broadcasts stay consistent). Only floating-point
-inputs change value; integer and boolean inputs (indices, masks, lengths) keep values that were valid
-in the captured call:
+the storage, so overlapping layouts such as stride-0 broadcasts stay consistent). Floating inputs get
+fresh values; integer and boolean inputs (indices, masks, positions, lengths) get other values from the
+domain the captured call shows to be valid (``vary=True``, the default):
 
 =================  ============================================  ==========================================
 variant            floating inputs                               integer / boolean inputs
 =================  ============================================  ==========================================
 ``normal``         the captured values                           the captured values
-``random``         fresh N(mean, std) of the captured finite     a random permutation of the captured
-                   values (std 0 → 0.1·|mean|, or 1 when the     values (kept as captured when the layout
-                   mean is 0 too); captured NaN/±Inf kept        overlaps itself or has < 2 elements)
-``zero``           0 (captured NaN/±Inf kept)                    permuted as for ``random``
-``high_magnitude`` ``random`` values × ``scale`` (see             permuted as for ``random``
+``random``         fresh N(mean, std) of the captured finite     booleans: a random quarter of the elements
+                   values (std 0 → 0.1·|mean|, or 1 when the     flipped (one element: flipped with p ½);
+                   mean is 0 too); captured NaN/±Inf moved to    integers: uniform in the captured range
+                   random positions of their row (same count     widened towards 0 (see :func:`int_domain`);
+                   per row of the last dimension)                no duplicates unless the captured values
+                                                                 had some or ``duplicates=True``
+``zero``           0 (captured NaN/±Inf kept in place)           as for ``random``
+``high_magnitude`` ``random`` values × ``scale`` (see             as for ``random`` (same draws)
                    :func:`scale_ladder`)
 =================  ============================================  ==========================================
+
+``vary=False`` gives the conservative variants the gate falls back to when the original wrapper rejects
+the varied ones (an integer the graph cannot take): integer and boolean inputs are then a random
+permutation of the captured values (kept as captured when the layout overlaps itself or has < 2
+elements) and NaN/±Inf stay where they were captured.
 
 Generation is deterministic in its seed (``torch.Generator`` on the CPU), so a report can name the
 seed that exposed a failure.
@@ -23,6 +31,7 @@ seed that exposed a failure.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
@@ -63,7 +72,7 @@ def _float_moments(t: torch.Tensor) -> tuple[float, float]:
     return mean, std
 
 
-def _fresh_float(t: torch.Tensor, gen: torch.Generator, mode: str, scale: float) -> torch.Tensor:
+def _fresh_float(t: torch.Tensor, gen: torch.Generator, mode: str, scale: float, move: bool = False) -> torch.Tensor:
     out = clone_layout(t)
     tail = _storage_tail(out)
     if tail.numel() == 0:
@@ -80,7 +89,24 @@ def _fresh_float(t: torch.Tensor, gen: torch.Generator, mode: str, scale: float)
     fresh = fresh.clamp(-float(info.max), float(info.max))
     fresh = torch.where(keep, src, fresh)
     tail.copy_(fresh.to(t.dtype))
+    if move and bool(keep.any()):
+        _shuffle_rows(out, gen)
     return out
+
+
+def _shuffle_rows(out: torch.Tensor, gen: torch.Generator) -> None:
+    """Move NaN/±Inf to random positions of their row (last dimension of size > 1; the whole tensor when
+    there is none): an additive ``-inf`` padding mask gets another padding pattern with the same number of
+    masked elements per row, so no row becomes fully masked that was not."""
+    if out.numel() < 2 or _overlaps(out):
+        return
+    dims = [d for d in range(out.dim()) if out.shape[d] > 1]
+    last = dims[-1]
+    values = out.detach().movedim(last, -1).contiguous()
+    rows = values.reshape(-1, values.shape[-1])
+    order = torch.rand(rows.shape, generator=gen).argsort(dim=1)
+    shuffled = rows.gather(1, order).reshape(values.shape).movedim(-1, last)
+    out.copy_(shuffled)
 
 
 def _permuted(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
@@ -93,8 +119,96 @@ def _permuted(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return out
 
 
-def make_variant(base: list[Any], variant: str, seed: int, scale: float = 1.0) -> list[Any]:
+#: Fraction of a boolean input's elements the varied variants flip (one-element booleans: ½).
+BOOL_FLIP_FRACTION = 0.25
+#: Integer domains up to this many values are sampled without replacement through ``randperm``.
+_EXACT_SAMPLE_LIMIT = 1 << 22
+_ACCUMULATE = re.compile(r"atomic_add|index_add|scatter_add|scatter_reduce|index_put_?\([^\n]*\bTrue\b")
+
+
+def accumulates(source: str) -> bool:
+    """True when a wrapper scatters with accumulation (Inductor's ``atomic_add`` in C++/Triton kernels, or
+    an ``index_add``/``scatter_add``/``scatter_reduce``/``index_put_(..., True)`` fallback): duplicate
+    indices are then well defined, so the varied variants may repeat index values that were unique in the
+    captured call. Without accumulation a repeated scatter index has no defined result (PyTorch documents
+    ``index_put_``/``index_copy_`` with duplicates as undefined), so no duplicates are introduced."""
+    return bool(_ACCUMULATE.search(source or ""))
+
+
+def int_domain(t: torch.Tensor) -> tuple[int, int, bool]:
+    """``(low, high, zero_allowed)``: the values the varied variants draw an integer input from.
+
+    The captured range widened towards zero, on the side the captured values are on: all positive → [1,
+    max]; all negative → [min, −1]; otherwise [min, max]. Rationale: an index, position or length that was
+    valid in the captured call stays valid when smaller in magnitude (``table[5]`` valid ⇒ ``table[3]``
+    valid; negative indices wrap), which is what a one-element position tensor needs to be varied at all.
+    0 is drawn only when the captured values contain 0 (an integer divisor must not become 0).
+    """
+    flat = t.detach().cpu().reshape(-1).long()
+    lo, hi = int(flat.min()), int(flat.max())
+    zero = bool((flat == 0).any())
+    if lo > 0:
+        return 1, hi, zero
+    if hi < 0:
+        return lo, -1, zero
+    return lo, hi, zero
+
+
+def _varied_int(t: torch.Tensor, gen: torch.Generator, duplicates: bool) -> torch.Tensor:
+    out = clone_layout(t)
+    n = t.numel()
+    if n == 0 or _overlaps(t):
+        return out
+    flat = t.detach().cpu().reshape(-1)
+    lo, hi, zero = int_domain(t)
+    hi = min(hi, (1 << 62))
+    lo = max(lo, -(1 << 62))
+    unique = n == 1 or int(flat.unique().numel()) == n
+    fresh: torch.Tensor | None = None
+    if n == 1:
+        pool = torch.arange(lo, hi + 1) if hi - lo < _EXACT_SAMPLE_LIMIT else None
+        if pool is not None:
+            pool = pool[(pool != int(flat[0])) & ((pool != 0) | zero)]
+            if pool.numel():
+                fresh = pool[torch.randint(0, pool.numel(), (1,), generator=gen)]
+    elif unique and not duplicates:
+        if hi - lo < _EXACT_SAMPLE_LIMIT:
+            pool = torch.arange(lo, hi + 1)
+            pool = pool[(pool != 0) | zero]
+            if pool.numel() >= n:
+                fresh = pool[torch.randperm(pool.numel(), generator=gen)[:n]]
+        else:
+            draws = torch.randint(lo, hi + 1, (2 * n,), generator=gen)
+            draws = draws[(draws != 0) | zero].unique()
+            if draws.numel() >= n:
+                fresh = draws[torch.randperm(draws.numel(), generator=gen)[:n]]
+    else:
+        fresh = torch.randint(lo, hi + 1, (n,), generator=gen)
+        if not zero:
+            fresh = torch.where(fresh == 0, torch.full_like(fresh, hi if hi != 0 else lo), fresh)
+    if fresh is None:  # no room for other values: the conservative permutation
+        return _permuted(t, gen)
+    out.copy_(fresh.to(t.dtype).reshape(t.shape))
+    return out
+
+
+def _varied_bool(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    out = clone_layout(t)
+    if t.numel() == 0 or _overlaps(t):
+        return out
+    p = 0.5 if t.numel() == 1 else BOOL_FLIP_FRACTION
+    flip = torch.rand(t.shape, generator=gen) < p
+    out.copy_(torch.where(flip, ~t.detach().cpu(), t.detach().cpu()))
+    return out
+
+
+def make_variant(base: list[Any], variant: str, seed: int, scale: float = 1.0, *, vary: bool = True,
+                 duplicates: bool = False) -> list[Any]:
     """One input list for ``variant`` (see the module table). Scalars are passed through unchanged.
+
+    ``vary=False``: integer/boolean inputs only permuted and NaN/±Inf kept in place (the fallback when the
+    original rejects the varied values). ``duplicates=True``: index-like integer inputs may repeat values
+    although the captured ones were unique (set when :func:`accumulates` holds for the original wrapper).
 
     Raises:
         ValueError: ``variant`` is not one of :data:`VARIANTS`.
@@ -103,21 +217,25 @@ def make_variant(base: list[Any], variant: str, seed: int, scale: float = 1.0) -
         raise ValueError(f"unknown input variant {variant!r}; expected one of {VARIANTS}")
     gen = torch.Generator().manual_seed(int(seed))
     out: list[Any] = []
+    mode = "zero" if variant == "zero" else "random"
+    factor = scale if variant == "high_magnitude" else 1.0
+    move = vary and variant != "zero"
     for value in base:
         if not isinstance(value, torch.Tensor):
             out.append(value)
         elif variant == "normal":
             out.append(clone_layout(value))
         elif value.is_floating_point():
-            mode = "zero" if variant == "zero" else "random"
-            out.append(_fresh_float(value, gen, mode, scale if variant == "high_magnitude" else 1.0))
+            out.append(_fresh_float(value, gen, mode, factor, move))
         elif value.is_complex():
-            real = _fresh_float(torch.view_as_real(value.detach().cpu().contiguous()), gen,
-                                "zero" if variant == "zero" else "random",
-                                scale if variant == "high_magnitude" else 1.0)
+            real = _fresh_float(torch.view_as_real(value.detach().cpu().contiguous()), gen, mode, factor)
             out.append(_with_layout(torch.view_as_complex(real), value))
-        else:
+        elif not vary:
             out.append(_permuted(value, gen))
+        elif value.dtype == torch.bool:
+            out.append(_varied_bool(value, gen))
+        else:
+            out.append(_varied_int(value, gen, duplicates))
     return out
 
 
@@ -177,4 +295,34 @@ def apply_factors(values: list[Any], factors: list[float]) -> list[Any]:
             out.append(scaled)
         else:
             out.append(value)
+    return out
+
+
+#: Relative size of the rounding-level perturbation :func:`perturbed` applies (in units of the input
+#: dtype's machine epsilon; 16- and 8-bit floats: one unit on a random sixteenth of the elements).
+PERTURB_ULPS = 4
+
+
+def perturbed(values: list[Any], seed: int) -> list[Any]:
+    """``values`` with every floating tensor multiplied elementwise by ``1 ± PERTURB_ULPS·eps`` (random
+    sign; float16/bfloat16/float8: ``1 ± eps`` on a random 1/16 of the elements, since smaller changes
+    round away). The reference's response to this is its own rounding sensitivity at these inputs, the noise
+    floor :func:`tilesmith.gate.compare.check_values` allows on the high-magnitude variant."""
+    gen = torch.Generator().manual_seed(int(seed))
+    out: list[Any] = []
+    for value in values:
+        if not (isinstance(value, torch.Tensor) and value.is_floating_point()) or value.numel() == 0:
+            out.append(value)
+            continue
+        copy = clone_layout(value)
+        tail = _storage_tail(copy)
+        eps = float(torch.finfo(value.dtype).eps)
+        sign = torch.randint(0, 2, (tail.numel(),), generator=gen, dtype=torch.float64) * 2 - 1
+        if value.element_size() >= 4:
+            factor = 1 + PERTURB_ULPS * eps * sign
+        else:
+            hit = torch.randint(0, 16, (tail.numel(),), generator=gen) == 0
+            factor = torch.where(hit, 1 + eps * sign, torch.ones_like(sign))
+        tail.copy_((tail.double() * factor).to(value.dtype))
+        out.append(copy)
     return out

@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 import torch
 
-from tilesmith.gate import checks, timing
-from tilesmith.gate.inputs import make_variant, scale_ladder
+from tilesmith.gate import audit, checks, timing
+from tilesmith.gate.inputs import accumulates, make_variant, scale_ladder
 from tilesmith.gate.process import WorkerCrashed, WorkerProcess, WorkerProtocolError, WorkerTimedOut
 from tilesmith.gate.reference import RefResult, write_inputs
 from tilesmith.records import CheckFailure, Timing
@@ -46,6 +46,8 @@ class PhaseConfig:
     max_sample_ms: float
     quiesce: Callable[[], None] = lambda: None
     """Called right before the timing request: waits for the spare worker's start-up to finish."""
+    static_input_idxs: tuple[int, ...] = ()
+    """Inputs kept at one address across the calls of a timing sample (``GateProblem.static_input_idxs``)."""
 
 
 @dataclass
@@ -57,17 +59,22 @@ class PhaseResult:
 
 
 class HighScale:
-    """Chooses (and remembers across phases) the largest high-magnitude scale the reference survives."""
+    """Chooses (and remembers across phases) the largest high-magnitude scale the reference survives; also
+    holds the input-variant policy of the graph (``duplicates``: the original scatters with accumulation,
+    see :func:`tilesmith.gate.inputs.accumulates`)."""
 
-    def __init__(self, base: list[Any]) -> None:
+    def __init__(self, base: list[Any], source: str = "") -> None:
         self.ladder = scale_ladder(base)
         self.start = 0
+        self.duplicates = accumulates(source)
 
-    def variant(self, base: list[Any], reference: Any, seed: int) -> tuple[list[Any], RefResult, float] | None:
-        plain = reference.run(make_variant(base, "random", seed), seed)
+    def variant(self, base: list[Any], reference: Any, seed: int,
+                notes: dict[str, str] | None = None) -> tuple[list[Any], RefResult, float] | None:
+        _, plain, vary = checked_variant(base, "random", seed, reference, self, {} if notes is None else notes)
         limit = _nonfinite(plain)
         for i in range(self.start, len(self.ladder)):
-            values = make_variant(base, "high_magnitude", seed, self.ladder[i])
+            values = make_variant(base, "high_magnitude", seed, self.ladder[i], vary=vary,
+                                  duplicates=self.duplicates)
             try:
                 ref = reference.run(values, seed)
             except Exception:  # noqa: BLE001 - the original rejects these magnitudes: try a smaller scale
@@ -77,6 +84,24 @@ class HighScale:
                 return values, ref, self.ladder[i]
         self.start = len(self.ladder)
         return None
+
+
+def checked_variant(base: list[Any], variant: str, seed: int, reference: Any, policy: HighScale,
+                    notes: dict[str, str], scale: float = 1.0) -> tuple[list[Any], RefResult, bool]:
+    """``(inputs, reference result, varied)`` for ``variant``: the varied integer/boolean/NaN-Inf values
+    when the original accepts them, else (noted in ``notes``) the conservative ``vary=False`` variant.
+
+    Raises:
+        Exception: whatever the reference raises on the conservative variant too.
+    """
+    values = make_variant(base, variant, seed, scale, vary=True, duplicates=policy.duplicates)
+    try:
+        return values, reference.run(values, seed), True
+    except Exception as exc:  # noqa: BLE001 - the original rejects the varied values: fall back
+        notes[f"{variant}:{seed}"] = (f"the original wrapper raised {type(exc).__name__} on varied integer/boolean "
+                                      f"inputs or moved NaN/Inf; used permuted captured values instead")
+    values = make_variant(base, variant, seed, scale, vary=False)
+    return values, reference.run(values, seed), False
 
 
 def _nonfinite(ref: RefResult) -> int:
@@ -127,6 +152,7 @@ def _run(result: PhaseResult, worker: WorkerProcess, candidate_source: str, incu
                                 name=module, source=source, baseline=module == "inc")
         worker.saw.add(hashlib.sha256(source.encode()).hexdigest())
         rec[f"load_{module}_s"] = round(time.monotonic() - t0, 3)
+        result.failures += audit.failures_from_answer(answer, f"importing the {what}")
         if not answer.get("ok"):
             err = answer.get("error", {})
             tail = " | ".join(str(err.get("traceback", "")).strip().splitlines()[-6:])[:1200]
@@ -139,33 +165,37 @@ def _run(result: PhaseResult, worker: WorkerProcess, candidate_source: str, incu
         if result.failures:
             return
     # 2. correctness
-    seeds = {v: derive_seed(seed_key, v) for v in ("normal", "random", "random_b", "zero", "high_magnitude", "pool")}
-    values = {"normal": make_variant(base, "normal", seeds["normal"]),
-              "random": make_variant(base, "random", seeds["random"]),
-              "random_b": make_variant(base, "random", seeds["random_b"])}
-    refs = {k: reference.run(v, seeds[k]) for k, v in values.items()}
-    zero = make_variant(base, "zero", seeds["zero"])
+    seeds = {v: derive_seed(seed_key, v) for v in ("normal", "random", "random_b", "zero", "high_magnitude", "pool",
+                                                   *checks.EXTRA_RANDOM)}
+    notes: dict[str, str] = {}
+    values = {"normal": make_variant(base, "normal", seeds["normal"])}
+    refs = {"normal": reference.run(values["normal"], seeds["normal"])}
+    for key in ("random", "random_b", *checks.EXTRA_RANDOM):
+        values[key], refs[key], _ = checked_variant(base, "random", seeds[key], reference, scale, notes)
     try:
-        refs["zero"] = reference.run(zero, seeds["zero"])
-        values["zero"] = zero
+        values["zero"], refs["zero"], _ = checked_variant(base, "zero", seeds["zero"], reference, scale, notes)
     except Exception as exc:  # noqa: BLE001 - the original itself rejects all-zero inputs: skip that variant
         rec["zero_note"] = f"skipped: the original wrapper raised {type(exc).__name__} on all-zero inputs"
-    high = scale.variant(base, reference, seeds["high_magnitude"])
+    high = scale.variant(base, reference, seeds["high_magnitude"], notes)
     if high is not None:
         values["high_magnitude"], refs["high_magnitude"], rec["high_magnitude_scale"] = high
+        noise = {"high_magnitude": checks.reference_noise(reference, values["high_magnitude"],
+                                                          refs["high_magnitude"], seeds["high_magnitude"])}
     else:
         rec["high_magnitude_scale"] = None
         rec["high_magnitude_note"] = "skipped: the reference overflows at every scale ≥ 4"
     rec["seeds"] = seeds
+    rec["variant_notes"] = notes  # the same dict: the timing pool's note (if any) lands here too
     files = {}
     for k, v in values.items():
         files[k] = files_dir / f"{name_tag(result.name)}_{k}.pt"
         write_inputs(v, files[k])
-    plan = checks.build_plan(files, worker.dir, seeds, name_tag(result.name))
+    plan = checks.build_plan(files, worker.dir, seeds, name_tag(result.name), cfg.expected_bytes)
     budget = cfg.run_timeout_s + 20 * cfg.ref_call_ms / 1e3 * len(plan.steps)
     answer = worker.request("check", budget, "the correctness checks", steps=plan.steps,
                             save_held=plan.save_held, expected=cfg.expected)
-    ctx = checks.CheckContext(refs, cfg.mutated_input_idxs, cfg.tf32)
+    ctx = checks.CheckContext(refs, cfg.mutated_input_idxs, cfg.tf32, noise if high is not None else {})
+    result.failures += audit.failures_from_answer(answer, "the correctness checks")
     result.failures += checks.interpret(plan, answer, ctx, cfg.expected_bytes)
     rec["steps"] = [{k: s.get(k) for k in ("label", "module", "wall_ms", "error", "inputs_changed",
                                            "guard_violations", "async_changed", "threads_new", "state_changes",
@@ -176,26 +206,30 @@ def _run(result: PhaseResult, worker: WorkerProcess, candidate_source: str, incu
     if result.failures:
         return
     # 3. timing
-    pool_values = [values["normal"], make_variant(base, "random", seeds["pool"])]
+    pool_values = [values["normal"], checked_variant(base, "random", seeds["pool"], reference, scale, notes)[0]]
     pool_files = []
     for i, v in enumerate(pool_values):
         pool_files.append(files_dir / f"{name_tag(result.name)}_pool{i}.pt")
         write_inputs(v, pool_files[-1])
     arms = ["inc", "cand", "orig"] if incumbent_source is not None else ["orig", "cand"]
-    sched = timing.make_schedule(arms, pool_values, cfg.pairs, derive_seed(seed_key, "schedule"))
+    sched = timing.make_schedule(arms, pool_values, cfg.pairs, derive_seed(seed_key, "schedule"),
+                                 static=cfg.static_input_idxs)
     per_sample = max(cfg.max_sample_ms, 2 * cfg.ref_call_ms)
     predicted_s = (cfg.pairs * len(arms) * (per_sample + 2.0) + 40 * cfg.ref_call_ms * len(arms)) / 1e3
     spot_path = worker.dir / f"{name_tag(result.name)}_spots.pt"
     cfg.quiesce()
     t0 = time.monotonic()
-    answer = worker.request("time", cfg.run_timeout_s + 3 * predicted_s, "the timing samples",
-                            arms=arms, pool=[str(p) for p in pool_files], schedule=sched.rounds,
-                            spots=[list(s) for s in sched.spots], spot_path=str(spot_path),
-                            target_ms=cfg.target_ms, max_sample_ms=cfg.max_sample_ms,
-                            flush_bytes=timing.flush_bytes(cfg.device), expected=cfg.expected, warmup_ms=20.0)
+    answer = timing.run_samples(worker, sched, pool_files, target_ms=cfg.target_ms, max_sample_ms=cfg.max_sample_ms,
+                                flush=timing.flush_bytes(cfg.device), expected=cfg.expected,
+                                start_timeout_s=cfg.run_timeout_s + 3 * predicted_s,
+                                sample_timeout_s=cfg.run_timeout_s + 3 * per_sample / 1e3, spot_path=spot_path)
     host_wall_ms = (time.monotonic() - t0) * 1e3
+    rec["timing_spots"] = [list(p) for p in sched.picks]
+    rec["timing_k_limits"] = answer.get("k_limits")
+    rec["timing_static_inputs"] = list(sched.static)
     for p in pool_files:
         _unlink(p)
+    result.failures += audit.failures_from_answer(answer, "the timed calls")
     if not answer.get("ok"):
         err = answer.get("error", {})
         result.failures.append(CheckFailure("oom" if err.get("oom") else "exception",
@@ -229,6 +263,7 @@ def _unlink(path: Path) -> None:
 
 STATUS_ORDER = (
     ("rejected_static", lambda c: c.startswith("static_")),
+    ("rejected_global_state", lambda c: c.startswith("audit_")),  # the cause of any load error/exception it made
     ("rejected_load", lambda c: c == "load_error"),
     ("rejected_timeout", lambda c: c == "timeout"),
     ("rejected_crash", lambda c: c in {"crash", "protocol", "exception", "oom", "output_too_large"}),

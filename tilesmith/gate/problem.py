@@ -30,6 +30,25 @@ class GateProblem:
     """The reference wrapper (trusted), normally ``graph.canonical_source``."""
 
     @property
+    def static_input_idxs(self) -> tuple[int, ...]:
+        """Inputs the timing keeps at one address (one buffer) across the ``k`` calls of a sample.
+
+        ``graph.static_input_idxs`` (parameters and buffers, recorded for forward and inference graphs
+        only), minus inputs the graph mutates (``graph.mutated_input_idxs``: a shared buffer would carry one
+        call's writes into the next, and the host could not rebuild a call's inputs), minus indices that are
+        not tensor inputs of ``graph.inputs``; ``()`` for backward graphs whatever the record says.
+        Every other input gets its own buffer per call (docs/gate.md, "Timing method").
+        """
+        graph = self.graph
+        if graph.kind == "backward":
+            return ()
+        mutated = set(graph.mutated_input_idxs)
+        n = len(graph.inputs)
+        return tuple(sorted({int(i) for i in getattr(graph, "static_input_idxs", ()) or ()
+                             if 0 <= int(i) < n and int(i) not in mutated and isinstance(graph.inputs[int(i)],
+                                                                                        TensorSpec)}))
+
+    @property
     def inputs_path(self) -> Path:
         return Path(self.snapshot_dir) / "inputs.pt"
 

@@ -15,6 +15,7 @@ lines are read here, and tensors are read elsewhere with ``torch.load(weights_on
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import re
@@ -89,15 +90,176 @@ def worker_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
     return clean
 
 
+#: Sub-directories of a worker's private directory that hold its compiler caches and temporary files.
+PRIVATE_CACHE_DIRS = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton", "TMPDIR": "tmp"}
+
+
+def private_environment(worker_dir: Path) -> dict[str, str]:
+    """Variables that point every cache a worker writes into its own private directory.
+
+    ``TORCHINDUCTOR_CACHE_DIR`` (Inductor's code cache: the original wrapper, the candidate and their
+    compiled kernels), ``TRITON_CACHE_DIR`` (Triton's kernel cache), ``TMPDIR`` (``tempfile``: Triton's and
+    the C++ builder's temporary files) and ``PYTHONDONTWRITEBYTECODE=1`` (no ``__pycache__`` writes into the
+    installation). Why: a candidate that rewrote a shared cache file (red-team finding 1: the original
+    wrapper's file in the shared Inductor cache) would change what later workers and the user's own later
+    processes load; with private caches anything it writes is deleted with its worker.
+    """
+    env = {name: str(worker_dir / sub) for name, sub in PRIVATE_CACHE_DIRS.items()}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+@functools.cache
+def _isa_probe_files() -> tuple[tuple[str, str], ...]:
+    """``(relative dir, file name)`` of the CPU vector-ISA probe sources and libraries in this process's
+    Inductor cache. torch 2.11 writes each probe as ``<cache>/<key[1:3]>/<key>.cpp`` and builds
+    ``<key>.so`` next to it (``cpu_vec_isa.VecISA.check_build``; the key also hashes compile flags that
+    some ISAs change on the fly), so the probes are found by content: small ``.cpp`` files whose text is
+    one of the ``VecISA`` classes' ``*_code`` strings, with a built ``.so``. Computed once per process;
+    empty when torch has no such probes or none was built here."""
+    found: list[tuple[str, str]] = []
+    try:
+        from torch._inductor import codecache, cpu_vec_isa
+
+        codes = {getattr(c, a).strip() for c in vars(cpu_vec_isa).values() if isinstance(c, type)
+                 and issubclass(c, cpu_vec_isa.VecISA) for a in dir(c)
+                 if a.endswith("_code") and isinstance(getattr(c, a, None), str)}
+        root = codecache.cache_dir()
+        limit = max((len(c) for c in codes), default=0) + 256
+        for sub in os.scandir(root):
+            if not (sub.is_dir() and len(sub.name) == 2):
+                continue
+            for entry in os.scandir(sub.path):
+                if not entry.name.endswith(".cpp") or entry.stat().st_size > limit:
+                    continue
+                stem = entry.name[: -len(".cpp")]
+                if not os.path.isfile(os.path.join(sub.path, stem + ".so")):
+                    continue
+                with open(entry.path, encoding="utf-8", errors="replace") as handle:
+                    if handle.read().strip() in codes:
+                        found += [(sub.name, entry.name), (sub.name, stem + ".so")]
+    except Exception:  # noqa: BLE001 - other torch versions or an unreadable cache: no seeding
+        return ()
+    return tuple(sorted(found))
+
+
+def seed_private_cache(worker_dir: Path) -> int:
+    """Copy the CPU vector-ISA probe files of this process's Inductor cache into a worker's private one.
+
+    Why: ``tilesmith._compat.fast_cpu_isa_probe`` (test mode, ``TORCHINDUCTOR_VEC_ISA_OK=1``) skips
+    Inductor's ~12 s of ``python -c`` ISA probes only when the probe library already exists in the cache;
+    a private cache starts empty. Copies, never links: what the worker writes never reaches this cache.
+    Returns the number of files copied (0 when nothing was built here, e.g. on a GPU-only host).
+    """
+    try:
+        from torch._inductor import codecache
+
+        root = Path(codecache.cache_dir())
+    except Exception:  # noqa: BLE001
+        return 0
+    target = worker_dir / PRIVATE_CACHE_DIRS["TORCHINDUCTOR_CACHE_DIR"]
+    copied = 0
+    for rel, name in _isa_probe_files():
+        try:
+            (target / rel).mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(root / rel / name, target / rel / name)
+            copied += 1
+        except OSError:
+            continue
+    return copied + _link_precompiled_headers(worker_dir)
+
+
+_TEMPLATE_SUBDIRS = (PRIVATE_CACHE_DIRS["TORCHINDUCTOR_CACHE_DIR"], PRIVATE_CACHE_DIRS["TRITON_CACHE_DIR"])
+
+
+def make_cache_template(worker: WorkerProcess, template: Path) -> Path | None:
+    """Copy the compiler caches of a worker that has initialized but imported no candidate yet (only the
+    trusted original wrapper and its compiled kernels are in them) to ``template``; later workers start
+    from a copy (:func:`copy_cache_template`) instead of recompiling the original's kernels (CPU: the
+    C++ kernels, seconds each; CUDA: every Triton kernel). Returns ``template``, or ``None`` when the
+    worker has already seen a candidate or copying failed (later workers then compile for themselves).
+    """
+    if worker.saw:
+        return None
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=".template-", dir=template.parent))
+        for sub in _TEMPLATE_SUBDIRS:
+            if (worker.dir / sub).is_dir():
+                shutil.copytree(worker.dir / sub, tmp / sub, symlinks=False)
+        os.replace(tmp, template)
+        return template
+    except OSError:
+        return None
+
+
+def copy_cache_template(template: Path, worker_dir: Path) -> int:
+    """Copy a :func:`make_cache_template` folder into a new worker's private directory (copies, never
+    links: a worker cannot change what the next one loads). Returns the number of files copied."""
+    copied = 0
+    for sub in _TEMPLATE_SUBDIRS:
+        if not (template / sub).is_dir():
+            continue
+        try:
+            shutil.copytree(template / sub, worker_dir / sub, symlinks=False, dirs_exist_ok=True)
+            copied += sum(len(files) for _, _, files in os.walk(worker_dir / sub))
+        except OSError:
+            continue
+    return copied
+
+
+def _link_precompiled_headers(worker_dir: Path) -> int:
+    """Hard-link this process's precompiled C++ headers into the worker's private temporary directory.
+
+    torch 2.11 keeps precompiled headers (``cpp_prefix.h``, ~120 MB ``.gch`` per compiler/flag set) in
+    ``<tempfile.gettempdir()>/torchinductor_<user>/precompiled_headers`` (``codecache._HEADER_DIR``, fixed
+    at import, not under ``TORCHINDUCTOR_CACHE_DIR``); with the worker's private ``TMPDIR`` it would
+    rebuild one (~10-20 s of CPU) before its first C++ kernel. Links cost nothing; Python code in the
+    worker cannot write to them (audit hook: files that existed before the candidate's import are
+    read-only to it); native code could, as it could write to the original folder — a documented
+    residual risk. Nothing is copied when linking fails (another file system): the worker rebuilds.
+    """
+    try:
+        import tempfile as _tempfile
+
+        from torch._inductor import codecache
+
+        header_dir = getattr(codecache, "_HEADER_DIR", None)
+        if not header_dir or not os.path.isdir(header_dir):
+            return 0
+        rel = os.path.relpath(header_dir, _tempfile.gettempdir())
+        if rel.startswith(".."):
+            return 0
+        target = worker_dir / PRIVATE_CACHE_DIRS["TMPDIR"] / rel
+        linked = 0
+        for entry in os.scandir(header_dir):
+            if entry.is_file(follow_symlinks=False) and entry.name.endswith((".h", ".h.gch")):
+                target.mkdir(parents=True, exist_ok=True)
+                os.link(entry.path, target / entry.name)
+                linked += 1
+        return linked
+    except Exception:  # noqa: BLE001 - no headers, other torch, other file system: the worker builds its own
+        return 0
+
+
 class WorkerProcess:
-    """One running worker. Not thread-safe; one request in flight at a time is the normal use."""
+    """One running worker. Not thread-safe; one request in flight at a time is the normal use.
+
+    Its private directory (0700, inside the gate's) is its working directory and holds its log, the
+    files it writes for the host, and its own Inductor/Triton caches and temporary files
+    (:func:`private_environment`, seeded by :func:`seed_private_cache`); all of it is deleted on kill.
+    """
 
     _numbers = itertools.count(1)
 
-    def __init__(self, parent_dir: Path, *, label: str, environ: dict[str, str] | None = None) -> None:
+    def __init__(self, parent_dir: Path, *, label: str, environ: dict[str, str] | None = None,
+                 template: Path | None = None) -> None:
         self.label = f"{label}#{next(self._numbers)}"
         self.dir = Path(tempfile.mkdtemp(prefix="w", dir=parent_dir))
         os.chmod(self.dir, 0o700)
+        for sub in PRIVATE_CACHE_DIRS.values():
+            (self.dir / sub).mkdir(mode=0o700)
+        self.seeded = copy_cache_template(template, self.dir) if template is not None else 0
+        self.seeded += seed_private_cache(self.dir)
         self.log_path = self.dir / "worker.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - lives as long as the process
         self._ids = itertools.count(1)
@@ -110,7 +272,8 @@ class WorkerProcess:
         self.proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
             [sys.executable, "-P", "-m", "tilesmith.gate.worker"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, cwd=self.dir,
-            env=worker_environment(environ), start_new_session=True, close_fds=True,
+            env={**worker_environment(environ), **private_environment(self.dir)}, start_new_session=True,
+            close_fds=True,
         )
         self._out_fd = self.proc.stdout.fileno()  # type: ignore[union-attr]
 
@@ -161,8 +324,8 @@ class WorkerProcess:
             data = self.log_path.read_bytes()[-limit:]
         except OSError:
             return ""
-        text = data.decode("utf-8", "replace")
-        return redact(text)
+        lines = data.decode("utf-8", "replace").strip().splitlines()[-8:]
+        return untrusted_text("\n".join(lines), 1500, what="worker log")
 
     # -- requests ------------------------------------------------------------------------------------
     def send(self, op: str, **fields: Any) -> int:
@@ -187,7 +350,7 @@ class WorkerProcess:
             if answered in self._pending:
                 self._pending.remove(answered)
             if answered == rid:
-                return msg
+                return sanitize_answer(msg)
             if answered is None or not isinstance(answered, int) or answered > rid:
                 self.kill()
                 raise WorkerProtocolError(f"{self.label} answered request {answered!r} while {what}")
@@ -220,7 +383,7 @@ class WorkerProcess:
         except ValueError:
             self.kill()
             raise WorkerProtocolError(f"{self.label} wrote a line that is not protocol JSON during {what}: "
-                                      f"{redact(line[:200].decode('utf-8', 'replace'))!r}") from None
+                                      f"{untrusted_text(line.decode('utf-8', 'replace'), 200)}") from None
 
     def _crashed(self, message: str) -> WorkerCrashed:
         try:
@@ -256,3 +419,45 @@ def redact(text: str) -> str:
         if len(value) >= 4:
             text = text.replace(value, "<redacted>")
     return re.sub(r"\b(sk|pk|ak|key)-[A-Za-z0-9_\-]{16,}", "<redacted>", text)
+
+
+def untrusted_text(value: object, limit: int = 300, *, what: str = "candidate") -> str:
+    """Worker-reported text (exception messages and types, tracebacks, log output, audit details) quoted
+    for a verdict reason: secrets redacted, every non-printable and non-ASCII character escaped (one
+    line, no terminal control codes), cut to ``limit`` characters and marked as coming from the
+    candidate's process, e.g. ``⟦candidate: ValueError: bad⟧`` or
+    ``⟦candidate, 5000 chars, first 300: ...⟧``.
+
+    Why: the LLM agent reads verdict reasons; a candidate that read a file could otherwise have it
+    echoed back verbatim through an exception message (red-team finding 10).
+    """
+    text = redact("" if value is None else str(value))
+    escaped = text.encode("unicode_escape", "backslashreplace").decode("ascii")
+    if len(escaped) <= limit:
+        return f"⟦{what}: {escaped}⟧"
+    return f"⟦{what}, {len(escaped)} chars, first {limit}: {escaped[:limit]}⟧"
+
+
+def sanitize_answer(message: dict[str, Any]) -> dict[str, Any]:
+    """Quote every worker-reported error text of an answer (``error`` dicts at any depth) with
+    :func:`untrusted_text`: ``type`` ≤ 100, ``message`` ≤ 400, ``traceback`` (last 6 lines) ≤ 900 chars."""
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, dict):
+            out = {k: walk(v) for k, v in value.items()}
+            err = out.get("error")
+            if isinstance(err, dict):
+                err = dict(err)
+                for key, limit in (("type", 100), ("message", 400)):
+                    if key in err:
+                        err[key] = untrusted_text(err[key], limit)
+                if "traceback" in err:
+                    tail = "\n".join(str(err["traceback"]).strip().splitlines()[-6:])
+                    err["traceback"] = untrusted_text(tail, 900)
+                out["error"] = err
+            return out
+        if isinstance(value, list):
+            return [walk(v) for v in value]
+        return value
+
+    return walk(message)

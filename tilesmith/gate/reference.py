@@ -4,7 +4,8 @@
 on a fresh device copy of an input list, inside a saved-and-restored RNG state seeded per call, so the
 user's generator state is untouched. :class:`WorkerReference` runs the original wrapper source in a
 dedicated worker into which no candidate code is ever imported (used when there is no ``ref_fn``, e.g.
-from the artifact cache or the CLI). Both return a :class:`RefResult` with CPU copies of the outputs and
+from the artifact cache or the CLI). :class:`ScreenedReference` routes input lists with invented
+integer/boolean values away from the user's process into such a worker. All return a :class:`RefResult` with CPU copies of the outputs and
 the same structural facts the candidate worker reports.
 
 Also here: :func:`write_inputs` (host → worker files) and :func:`load_outputs` (worker → host files,
@@ -149,6 +150,59 @@ class WorkerReference:
 
     def close(self) -> None:
         self.worker.kill()
+
+
+def invents_values(values: list[Any], base: list[Any]) -> bool:
+    """True when an integer or boolean tensor in ``values`` holds values that differ from ``base``'s (the
+    first real call's): the gate's varied masks, positions and indices (:mod:`tilesmith.gate.inputs`)."""
+    for value, captured in zip(values, base):
+        if (isinstance(value, torch.Tensor) and isinstance(captured, torch.Tensor)
+                and not (value.is_floating_point() or value.is_complex())
+                and (value.shape != captured.shape or not torch.equal(value.cpu(), captured.cpu()))):
+            return True
+    return False
+
+
+class ScreenedReference:
+    """A :class:`HostReference` that never runs invented integer/boolean values in the user's process.
+
+    The gate varies masks, positions and indices within what looks like their valid domain, but only the
+    graph knows the real one: an index the original reads out of bounds is a device-side assert on CUDA
+    (which poisons the CUDA context for the rest of the process) and an unchecked read on CPU. So an input
+    list whose integer/boolean values differ from the first real call's runs in a trusted worker (the
+    original wrapper only, never a candidate), started on first need and replaced when such a run kills it;
+    its outputs are the reference. Every other input list runs on the host's own callable.
+
+    Raises (from :meth:`run`):
+        tilesmith.errors.WorkerError: the original failed or crashed on invented values (the caller falls
+            back to the captured integer values; see :func:`tilesmith.gate.phase.checked_variant`).
+    """
+
+    def __init__(self, host: HostReference, base: list[Any], start_worker: Callable[[], Any],
+                 files_dir: Path, timeout_s: float) -> None:
+        self.host, self.base, self.start_worker = host, base, start_worker
+        self.dir, self.timeout_s = files_dir, timeout_s
+        self.device, self.mutated = host.device, host.mutated
+        self._trusted: WorkerReference | None = None
+        self.screened = 0
+
+    def run(self, values: list[Any], seed: int, repeat: int = 1) -> RefResult:
+        if not invents_values(values, self.base):
+            return self.host.run(values, seed, repeat)
+        if self._trusted is None or not self._trusted.worker.alive():
+            self._trusted = WorkerReference(self.start_worker(), self.dir, self.timeout_s)
+        self.screened += 1
+        try:
+            return self._trusted.run(values, seed, repeat)
+        except WorkerError:
+            if not self._trusted.worker.alive():
+                self._trusted = None
+            raise
+
+    def close(self) -> None:
+        if self._trusted is not None:
+            self._trusted.close()
+            self._trusted = None
 
 
 def write_inputs(values: list[Any], path: Path) -> None:

@@ -45,18 +45,60 @@ _INTROSPECTION_MODULES = {"gc", "inspect", "sys", "importlib", "builtins", "__ma
 # Rationale: a wrapper computes from its arguments; reading files outside its module (other runs, keys,
 # cached results) or writing them (result caches across processes) has no legitimate use.
 _FILE_MODULES = {"pathlib", "shutil", "glob", "io", "pickle", "marshal", "shelve", "dbm", "sqlite3", "zipfile",
-                 "tarfile", "fileinput", "csv"}
+                 "tarfile", "fileinput", "csv", "pandas", "polars", "pyarrow", "h5py", "joblib", "dill",
+                 "cloudpickle", "safetensors", "scipy.io", "numpy.lib.npyio", "numpy.lib.format",
+                 "torch.serialization", "torch.hub", "torch.package", "torch._inductor.codecache",
+                 "torch._inductor.runtime.cache_dir_utils"}
 # Rationale: no network access from a wrapper (exfiltration, remote results).
 _NETWORK_MODULES = {"socket", "ssl", "http", "urllib", "urllib3", "requests", "httpx", "ftplib", "smtplib",
                     "xmlrpc", "aiohttp", "websocket", "websockets", "telnetlib", "paramiko"}
 
 # Rationale: torch and other packages re-export modules (torch.sys, torch.cuda.threading, torch.os); an
 # attribute path through one of these is the same as importing it.
+# Every attribute of a chain is checked, the last one included (`s = torch.cuda.sys`).
 _REEXPORTED = {**{m: "static_concurrency" for m in ("threading", "_thread", "multiprocessing", "subprocess",
                                                     "signal", "asyncio", "concurrent")},
-               **{m: "static_native_memory" for m in ("ctypes", "cffi", "mmap")},
-               **{m: "static_introspection" for m in ("sys", "gc", "inspect", "importlib", "builtins")},
-               **{m: "static_network" for m in ("socket", "urllib", "requests")}}
+               **{m: "static_native_memory" for m in ("ctypes", "_ctypes", "cffi", "mmap")},
+               **{m: "static_introspection" for m in ("sys", "gc", "inspect", "importlib", "builtins", "runpy",
+                                                      "pdb", "faulthandler", "tracemalloc", "weakref", "atexit")},
+               **{m: "static_file_access" for m in ("pathlib", "shutil", "pickle", "marshal", "tempfile")},
+               **{m: "static_network" for m in ("socket", "urllib", "urllib3", "requests")}}
+
+# Rationale: these names have no use in a wrapper whatever object they are reached through (an alias, a
+# re-export, a container), so they are flagged by name, not by path (red-team finding 10):
+# - file I/O outside `open`: torch.serialization / torch.load / torch.save, Storage.from_file, numpy's
+#   load/save/loadtxt/fromfile/tofile/memmap, pathlib-style read_text/write_bytes, shared-memory files;
+# - Inductor's cache writers (codecache.write_atomic, PyCodeCache.write, FxGraphCache, cache_dir): a
+#   candidate rewrote the ORIGINAL wrapper's cache file so every later process loaded a slowed copy;
+# - the environment (os.environ / getenv / putenv under any spelling): provider keys live there;
+# - frame, reference-count and import machinery: sys._getframe walks to the harness's `timed` frame,
+#   torch._C._storage_Use_Count tells whether the caller kept an output (spot-check detection),
+#   operator.attrgetter / importlib.import_module reach any name the scan cannot see.
+_BLOCKED_ATTRS: dict[str, tuple[str, str]] = {
+    **{n: ("static_file_access", "reads or writes files") for n in (
+        "serialization", "from_file", "fromfile", "tofile", "loadtxt", "savetxt", "genfromtxt", "fromregex",
+        "savez", "savez_compressed", "memmap", "open_memmap", "npyio", "DataSource", "read_text", "read_bytes",
+        "write_text", "write_bytes", "hub", "read_csv", "to_csv", "read_pickle", "to_pickle", "read_parquet",
+        "to_parquet", "_share_filename_cpu_", "_new_shared_filename_cpu", "_share_fd_cpu_", "_new_shared_fd_cpu",
+        "save_cache_artifacts", "load_cache_artifacts")},
+    **{n: ("static_file_access", "writes Inductor's shared compile cache") for n in (
+        "codecache", "write_atomic", "PyCodeCache", "cache_dir", "cache_dir_utils", "default_cache_dir")},
+    **{n: ("static_file_access", "reads or changes environment variables") for n in (
+        "environ", "environb", "getenv", "getenvb", "putenv", "unsetenv")},
+    **{n: ("static_introspection", "inspects frames, reference counts or imports by name") for n in (
+        "_getframe", "_current_frames", "getrefcount", "_storage_Use_Count", "_use_count", "get_referrers",
+        "get_referents", "get_objects", "settrace", "setprofile", "attrgetter", "methodcaller", "import_module",
+        "_import_dotted_name", "exec_module", "module_from_spec", "spec_from_file_location", "run_path",
+        "run_module")},
+    "ctypeslib": ("static_native_memory", "reaches raw memory"),
+}
+# Rationale: Inductor's cache classes (CppCodeCache, FxGraphCache, AOTAutogradCache, LocalCache, ...)
+# write files shared with other processes and the user's later runs.
+_CACHE_CLASS = re.compile(r"\w*(CodeCache|GraphCache|AutogradCache|CacheBase|LocalCache|PersistentCache)$")
+# Rationale: `load`/`save` are file I/O on torch, torch.jit, numpy, torch.utils.cpp_extension (which
+# compiles files); inside kernels only Triton's `tl.load` is legitimate.
+_LOAD_SAVE = {"load", "save"}
+_TRITON_ROOTS = {"tl", "triton.language"}
 
 _MODULE_RULES = [(m, "static_concurrency") for m in _CONCURRENCY_MODULES] + \
     [(m, "static_native_memory") for m in _NATIVE_MODULES] + \
@@ -64,21 +106,35 @@ _MODULE_RULES = [(m, "static_concurrency") for m in _CONCURRENCY_MODULES] + \
     [(m, "static_file_access") for m in _FILE_MODULES] + \
     [(m, "static_network") for m in _NETWORK_MODULES]
 
+# Rationale: a blocked module imported by its last name from any package is the same module
+# (`from torch import sys`, `from torch.cuda import threading`: red-team finding 10).
+_MODULE_BY_NAME = {m: rule for m, rule in _MODULE_RULES if "." not in m}
+
 # Rationale: these builtins run or reach code and objects the scan cannot see (exec/eval/compile/__import__)
 # or rebind attributes of shared modules (setattr/delattr); globals()/locals() expose namespaces.
 _FORBIDDEN_BUILTINS = {"exec": "static_introspection", "eval": "static_introspection",
                        "compile": "static_introspection", "__import__": "static_introspection",
                        "globals": "static_introspection", "locals": "static_introspection",
-                       "vars": None, "breakpoint": "static_introspection", "input": "static_introspection",
+                       "vars": "static_dynamic_access", "breakpoint": "static_introspection",
+                       "input": "static_introspection",
                        "setattr": "static_monkeypatch", "delattr": "static_monkeypatch",
                        "open": "static_file_access", "exit": "static_process_control",
                        "quit": "static_process_control"}
+# Rationale: attribute names computed at run time (`getattr(torch, "s" + "ys")`), namespaces read as
+# dicts (`vars(torch)["sys"]`), star imports, and these builtins passed around as values
+# (`g = getattr`, `functools.reduce(getattr, ...)`) hide from the scan which names a wrapper reaches.
+# Inductor writes every attribute out literally; nothing it generates uses any of them.
+_NAME_ACCESS_BUILTINS = {"getattr", "hasattr", "setattr", "delattr"}
+_INDIRECT_BUILTINS = {"getattr", "hasattr", "setattr", "delattr", "vars", "globals", "locals", "dir", "eval",
+                      "exec", "compile", "__import__", "open", "breakpoint", "input", "exit", "quit"}
+
 # Rationale: frame, code and namespace attributes are how a candidate reaches the caller (the harness)
 # or rewrites functions in place.
 _DUNDER_ATTRS = {"__dict__", "__globals__", "__code__", "__closure__", "__builtins__", "__subclasses__",
                  "__bases__", "__mro__", "f_back", "f_globals", "f_locals", "f_builtins", "f_code", "tb_frame",
                  "gi_frame", "cr_frame", "ag_frame", "__getattribute__", "__setattr__", "__class__", "__kwdefaults__",
-                 "__defaults__", "__self__", "__func__", "__wrapped__"}
+                 "__defaults__", "__self__", "__func__", "__wrapped__", "__getattr__", "__import__", "__loader__",
+                 "__spec__", "__traceback__", "__objclass__", "gi_code", "cr_code"}
 # Rationale: os is imported by every wrapper but only these names are harmless; process control
 # (fork, kill, _exit, exec*, system) and file/environment access are not.
 _OS_ALLOWED = {"path", "sep", "linesep", "name", "cpu_count", "getpid"}
@@ -128,12 +184,15 @@ RULE_RATIONALE = {
     "static_concurrency": "work continuing after `call` returns escapes timing and output checks",
     "static_native_memory": "raw memory access bypasses every runtime check",
     "static_introspection": "introspection reaches the harness's frames and modules",
-    "static_file_access": "a wrapper computes from its arguments only; no files",
+    "static_file_access": "a wrapper computes from its arguments only; no files, caches or environment "
+                          "variables",
     "static_network": "no network access from a wrapper",
     "static_process_control": "a wrapper must not end or signal its process",
     "static_monkeypatch": "shared modules' functions must not be replaced",
     "static_global_state": "the user's global numeric/runtime state must not change",
     "static_try_except": "broad exception handlers hide failing fast paths",
+    "static_dynamic_access": "the scan must see every name a wrapper reaches: write attributes out literally "
+                             "(torch.mm, not getattr(torch, 'm' + 'm') or vars(torch)['mm']), as Inductor does",
 }
 
 
@@ -141,6 +200,7 @@ class _Scanner(ast.NodeVisitor):
     def __init__(self) -> None:
         self.findings: list[Finding] = []
         self.aliases = set(_MODULE_ALIASES_DEFAULT)
+        self.os_names = {"os"}  # names bound to the os module (`import os as o`, `from torch import os`)
         self.native_strings: list[tuple[int, str]] = []
         self.python_strings: list[tuple[int, str]] = []
 
@@ -156,11 +216,33 @@ class _Scanner(ast.NodeVisitor):
             if name == module or name.startswith(module + ".") or root == module:
                 self.add(rule, node, f"imports {name}")
                 return
+        for part in name.split(".")[1:]:
+            if self._check_name(part, node, f"imports {name}"):
+                return
+
+    def _check_name(self, name: str, node: ast.AST, context: str) -> bool:
+        """Flag an attribute/imported name that is blocked wherever it is reached; True if flagged."""
+        if name in _REEXPORTED:
+            self.add(_REEXPORTED[name], node, f"{context}: reaches module {name!r}")
+        elif name in _BLOCKED_ATTRS:
+            rule, what = _BLOCKED_ATTRS[name]
+            self.add(rule, node, f"{context}: {name!r} {what}")
+        elif _CACHE_CLASS.fullmatch(name):
+            self.add("static_file_access", node, f"{context}: {name!r} writes Inductor's shared compile cache")
+        elif name in _DUNDER_ATTRS:
+            self.add("static_introspection", node, f"{context}: uses {name}")
+        elif name in _GLOBAL_STATE_NAMES:
+            self.add("static_global_state", node, f"{context}: reaches {name!r}, which changes global state")
+        else:
+            return False
+        return True
 
     def visit_Import(self, node: ast.Import) -> None:
         for alias in node.names:
             self._check_module(alias.name, node)
             self.aliases.add((alias.asname or alias.name).split(".")[0])
+            if alias.name == "os" and alias.asname:
+                self.os_names.add(alias.asname)
         self.generic_visit(node)
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
@@ -169,12 +251,23 @@ class _Scanner(ast.NodeVisitor):
         self._check_module(module, node, [a.name for a in node.names])
         for alias in node.names:
             full = f"{module}.{alias.name}"
+            if alias.name == "*":
+                self.add("static_dynamic_access", node, f"from {module} import *: star imports hide which names "
+                         "are used; import each name")
+                continue
             if len(self.findings) == before and module.split(".")[0] != "ctypes":
                 self._check_module(full, node, [alias.name])
+            if len(self.findings) == before and alias.name in _MODULE_BY_NAME:
+                self.add(_MODULE_BY_NAME[alias.name], node, f"imports module {alias.name!r} from {module} (the "
+                         f"same module as `import {alias.name}`)")
+            elif len(self.findings) == before and alias.name in _LOAD_SAVE and module.split(".")[0] != "triton":
+                self.add("static_file_access", node, f"imports {full} (file I/O)")
             if alias.name in _GLOBAL_STATE_NAMES:
                 self.add("static_global_state", node, f"imports {full}")
             if module == "os" and alias.name not in _OS_ALLOWED:
                 self.add(_os_rule(alias.name), node, f"imports os.{alias.name}")
+            if alias.name == "os":
+                self.os_names.add(alias.asname or alias.name)
             if module.split(".")[0] in {"torch", "triton"}:
                 self.aliases.add(alias.asname or alias.name)
         self.generic_visit(node)
@@ -187,16 +280,16 @@ class _Scanner(ast.NodeVisitor):
             allowed = func.id == "globals" and _is_async_compile_wait_arg(node, self._parents)
             if rule and not allowed:
                 self.add(rule, node, f"calls {func.id}()")
+        if isinstance(func, ast.Name) and func.id in _NAME_ACCESS_BUILTINS:
+            self._check_getattr(node, func.id)
         dotted = _dotted(func)
         if dotted:
             last = dotted.split(".")[-1]
             if last in _GLOBAL_STATE_NAMES:
                 self.add("static_global_state", node, f"calls {dotted}()")
-            if dotted.startswith("os.") and dotted.split(".")[1] not in _OS_ALLOWED:
+            if dotted.split(".")[0] in self.os_names and len(dotted.split(".")) > 1 and \
+                    dotted.split(".")[1] not in _OS_ALLOWED:
                 self.add(_os_rule(dotted.split(".")[1]), node, f"calls {dotted}()")
-            if dotted in {"torch.load", "torch.save", "numpy.load", "np.load", "numpy.save", "np.save",
-                          "torch.from_file", "numpy.fromfile", "np.fromfile", "numpy.memmap", "np.memmap"}:
-                self.add("static_file_access", node, f"calls {dotted}()")
             if dotted.startswith("tempfile."):
                 self.add("static_file_access", node, f"calls {dotted}()")
             if last == "triton" and dotted.endswith("async_compile.triton"):
@@ -206,6 +299,25 @@ class _Scanner(ast.NodeVisitor):
                 self._collect_strings(node, python=False)
         self.generic_visit(node)
 
+    def _check_getattr(self, node: ast.Call, builtin: str) -> None:
+        """getattr/hasattr/setattr/delattr: the name must be a literal, and is checked like `obj.name`."""
+        shown = f"{builtin}({_source(node.args[0]) if node.args else ''}, ...)"
+        name_node = node.args[1] if len(node.args) > 1 else None
+        if isinstance(name_node, ast.Constant) and isinstance(name_node.value, str):
+            name = name_node.value
+            self._check_name(name, node, f"{builtin}(..., {name!r})")
+            if name not in _OS_ALLOWED and _dotted(node.args[0]) in self.os_names:
+                self.add(_os_rule(name), node, f"{builtin}(os, {name!r})")
+            return
+        folded = _fold_str(name_node) if name_node is not None else None
+        hint = f" (= {folded!r})" if folded is not None else ""
+        self.add("static_dynamic_access", node, f"{shown} computes the attribute name{hint}; write the attribute "
+                 "out literally")
+        if folded is not None:
+            self._check_name(folded, node, f"{builtin}(..., {folded!r})")
+            if folded not in _OS_ALLOWED and _dotted(node.args[0]) in self.os_names:
+                self.add(_os_rule(folded), node, f"{builtin}(os, {folded!r})")
+
     def _collect_strings(self, node: ast.Call, python: bool) -> None:
         values = list(node.args) + [k.value for k in node.keywords]
         for value in values:
@@ -214,21 +326,47 @@ class _Scanner(ast.NodeVisitor):
                     (self.python_strings if python else self.native_strings).append((sub.lineno, sub.value))
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
+        dotted = _dotted(node)
+        shown = dotted or f"<expression>.{node.attr}"
         if node.attr in _DUNDER_ATTRS:
             self.add("static_introspection", node, f"uses .{node.attr}")
-        dotted = _dotted(node)
-        if dotted and dotted.split(".")[0] == "os" and len(dotted.split(".")) > 1 and \
-                dotted.split(".")[1] not in _OS_ALLOWED and not isinstance(self._parent(node), ast.Call):
-            self.add(_os_rule(dotted.split(".")[1]), node, f"uses {dotted}")
-        if dotted and not isinstance(self._parent(node), ast.Attribute):
-            for part in dotted.split(".")[1:-1] if len(dotted.split(".")) > 2 else dotted.split(".")[1:]:
-                rule = _REEXPORTED.get(part)
-                if rule:  # e.g. torch.sys.modules, torch.cuda.threading.Thread: a forbidden module reached
-                    self.add(rule, node, f"reaches module {part!r} through {dotted}")
-                    break
+        else:
+            self._check_name(node.attr, node, f"uses {shown}" if dotted else f"uses .{node.attr}")
+        # os reached under any name: `os.kill`, `o.kill` after `import os as o`, `torch.os.kill`
+        via_os = (isinstance(node.value, ast.Name) and node.value.id in self.os_names) or \
+            (isinstance(node.value, ast.Attribute) and node.value.attr == "os")
+        if via_os and node.attr not in _OS_ALLOWED:
+            self.add(_os_rule(node.attr), node, f"uses {shown}")
+        if node.attr in _LOAD_SAVE and not _is_triton(dotted):
+            self.add("static_file_access", node, f"uses {shown} (file I/O; only Triton's tl.load is allowed)")
         if dotted and dotted.split(".")[-1] in _GLOBAL_STATE_NAMES and isinstance(node.ctx, (ast.Store, ast.Del)):
             self.add("static_global_state", node, f"sets {dotted}")
         self.generic_visit(node)
+
+    def visit_Subscript(self, node: ast.Subscript) -> None:
+        # vars(torch)["sys"], globals()["os"], torch.__dict__["s" + "ys"]: the key is the attribute reached
+        value = node.value
+        namespace = (isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and
+                     value.func.id in {"vars", "globals", "locals"}) or \
+            (isinstance(value, ast.Attribute) and value.attr == "__dict__")
+        key = _fold_str(node.slice) if namespace else None
+        if key is not None:
+            self._check_name(key, node, f"namespace lookup [{key!r}]")
+        self.generic_visit(node)
+
+    def visit_Name(self, node: ast.Name) -> None:
+        parent = self._parent(node)
+        if node.id in _DUNDER_ATTRS:  # `__builtins__["getattr"]`: the module's builtins namespace
+            self.add("static_introspection", node, f"uses {node.id}")
+        if node.id in _INDIRECT_BUILTINS and not isinstance(node.ctx, ast.Load):
+            self.add("static_dynamic_access", node, f"rebinds the builtin name {node.id!r}")
+        elif node.id in _INDIRECT_BUILTINS and not (isinstance(parent, ast.Call) and parent.func is node):
+            self.add("static_dynamic_access", node, f"uses the builtin {node.id} as a value; call it directly "
+                     "with literal arguments (or not at all)")
+        if node.id in self.os_names and isinstance(node.ctx, ast.Load) and \
+                not (isinstance(parent, ast.Attribute) and parent.value is node):
+            self.add("static_file_access", node, f"passes the os module {node.id!r} around; use os.path/os.sep "
+                     "directly")
 
     # assignments ---------------------------------------------------------------------------------------
     def _check_target(self, target: ast.AST, node: ast.AST, verb: str) -> None:
@@ -293,6 +431,52 @@ def _handler_names(node: ast.AST | None) -> set[str]:
 
 
 
+def _fold_str(node: ast.AST) -> str | None:
+    """The value of a string expression built from literals (`"s" + "ys"`, f-strings of literals), else None."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _fold_str(node.left), _fold_str(node.right)
+        return left + right if left is not None and right is not None else None
+    if isinstance(node, ast.JoinedStr):
+        parts = [_fold_str(v) for v in node.values]
+        return "".join(p for p in parts if p is not None) if all(p is not None for p in parts) else None
+    return None
+
+
+def _source(node: ast.AST) -> str:
+    text = ast.unparse(node)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _is_triton(dotted: str | None) -> bool:
+    """`tl.load` / `triton.language.load`: Triton's memory load, the only legitimate `load`."""
+    return dotted in {f"{root}.load" for root in _TRITON_ROOTS}
+
+
+def _alias_closure(tree: ast.AST, aliases: set[str], os_names: set[str]) -> None:
+    """Add names bound to a module alias by plain assignment (`_t = time`, `o = os`, `cu = torch.cuda`)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            aliases.update((a.asname or a.name).split(".")[0] for a in node.names)
+            os_names.update(a.asname for a in node.names if a.name == "os" and a.asname)
+        elif isinstance(node, ast.ImportFrom):
+            os_names.update(a.asname or a.name for a in node.names if a.name == "os")
+    assigns = [n for n in ast.walk(tree)
+               if isinstance(n, ast.Assign) and isinstance(n.value, (ast.Name, ast.Attribute))]
+    changed = True
+    while changed:
+        changed = False
+        for node in assigns:
+            root = _root_name(node.value)
+            names = {t.id for t in node.targets if isinstance(t, ast.Name)}
+            for group, member in ((aliases, root in aliases or root in os_names),
+                                  (os_names, isinstance(node.value, ast.Name) and node.value.id in os_names)):
+                if member and not names <= group:
+                    group.update(names)
+                    changed = True
+
+
 def _root_name(node: ast.AST) -> str | None:
     while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
         node = node.value if not isinstance(node, ast.Call) else node.func
@@ -310,6 +494,8 @@ def _scan_python(source: str, base_line: int, label: str) -> tuple[list[Finding]
     except SyntaxError as exc:
         return [Finding("static_syntax", base_line + (exc.lineno or 1) - 1, f"{label}: {exc.msg}")], None
     scanner = _Scanner()
+    # Rationale: a module alias passed on by assignment (`_t = time; _t.perf_counter = ...`) is the module.
+    _alias_closure(tree, scanner.aliases, scanner.os_names)
     scanner._parents = {id(child): parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
     scanner.visit(tree)
     for f in scanner.findings:

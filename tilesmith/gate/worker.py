@@ -1,7 +1,9 @@
 """Gate evaluation worker: ``python -m tilesmith.gate.worker`` (started by the host, never imported by it).
 
 The only process in which candidate code is imported and run. It has its own CUDA context, a private
-working directory, an environment without secrets, core dumps disabled and a file-size limit. It
+working directory holding its own Inductor/Triton caches and temporary files, an environment without
+secrets, core dumps disabled, a file-size limit, and a PEP 578 audit hook (:mod:`tilesmith.gate.audit`)
+installed before torch is imported and armed right before the candidate's import. It
 answers JSON requests (see :mod:`tilesmith.gate.protocol`):
 
 ``init``  apply the host's numeric flags, load the constants and the trusted original wrapper, warm it
@@ -64,10 +66,15 @@ def _watch_parent() -> None:
 def main() -> int:
     proto_in, proto_out_fd = _secure_stdio()
     _limit_resources()
+    # The audit hook goes in before torch (and long before any candidate) is imported; it judges events
+    # only once armed, right before the candidate's import (tilesmith.gate.audit).
+    from tilesmith.gate import audit
+
+    auditor = audit.install(os.getcwd())
     _watch_parent()
     from tilesmith.gate.worker_core import Worker
 
-    worker = Worker(proto_out_fd)
+    worker = Worker(proto_out_fd, auditor)
     worker.announce()
     for line in proto_in:  # type: ignore[attr-defined]
         if not line.strip():

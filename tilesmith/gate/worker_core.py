@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import platform
 import resource
+import signal
 import sys
 import threading
 import time
@@ -20,7 +21,7 @@ from typing import Any
 
 import torch
 
-from tilesmith.gate import protocol, torchstate, worker_runtime
+from tilesmith.gate import audit, protocol, torchstate, worker_runtime, worker_timing
 from tilesmith.gate.worker_runtime import GuardedAllocator, InputSet
 
 T = SimpleNamespace(
@@ -36,6 +37,7 @@ T = SimpleNamespace(
     elapsed=torch.cuda.Event.elapsed_time,
     manual_seed=torch.manual_seed,
     no_grad=torch.no_grad,
+    mem_get_info=torch.cuda.mem_get_info,
 )
 
 
@@ -52,8 +54,12 @@ class Loaded:
 
 
 class Worker:
-    def __init__(self, out_fd: int) -> None:
+    def __init__(self, out_fd: int, auditor: Any = None) -> None:
         self.out_fd = out_fd
+        self.auditor = auditor
+        """:class:`tilesmith.gate.audit.Audit` (armed before the candidate's import), or ``None`` in unit tests."""
+        self.base_signals: dict[str, str] = {}
+        self.base_modules: dict[str, Any] = {}
         self.device = torch.device("cpu")
         self.modules: dict[str, Loaded] = {}
         self.constants: dict[str, Any] = {}
@@ -100,6 +106,10 @@ class Worker:
             answer = handler(msg)
         except BaseException as exc:  # noqa: BLE001 - candidate code may raise anything, even SystemExit
             answer = {"ok": False, "error": describe(exc), "fatal": _cuda_broken(self.device)}
+        if self.auditor is not None:  # events after the last facts (or an answer without facts): never lost
+            left = self.auditor.drain()
+            if left:
+                answer["audit"] = list(answer.get("audit") or []) + left
         answer["id"] = rid
         self.send(answer)
         return not answer.get("fatal", False)
@@ -151,11 +161,14 @@ class Worker:
         self.base_state = torchstate.state_snapshot(str(self.device))
         self.base_ids = torchstate.identity_snapshot(self._watched_namespaces())
         self.base_threads = {t.ident for t in T.threads() if t.ident is not None}
+        self.base_signals = _signal_handlers()
+        self.base_modules = {n: m for n, m in list(sys.modules.items()) if n.startswith("tilesmith")}
 
     def _watched_namespaces(self) -> list[tuple[str, dict[str, Any]]]:
         spaces = [("worker.__main__", vars(sys.modules["__main__"])), ("worker_core", globals()),
                   ("worker_runtime", vars(worker_runtime)), ("torchstate", vars(torchstate)),
-                  ("protocol", vars(protocol)), ("T", vars(T))]
+                  ("protocol", vars(protocol)), ("T", vars(T)), ("worker_timing", vars(worker_timing)),
+                  ("audit", vars(audit))]
         for loaded in self.modules.values():
             if loaded.trusted:
                 spaces.append((f"module[{loaded.name}]", loaded.namespace))
@@ -189,6 +202,8 @@ class Worker:
         """Import a wrapper. ``baseline: true`` (the incumbent, loaded before the candidate) makes its
         namespace part of what the baselines watch, and the baselines are retaken after its import."""
         name = str(msg["name"])
+        if not msg.get("baseline", False) and self.auditor is not None:
+            self.auditor.arm()  # every file in the private dir now is trusted; what appears later is not
         t0 = T.perf_ns()
         try:
             loaded = self._load_module(name, msg["source"], trusted=bool(msg.get("baseline", False)))
@@ -203,10 +218,18 @@ class Worker:
 
     def _global_facts(self) -> dict[str, Any]:
         now_threads = [t for t in T.threads() if t.ident not in self.base_threads and t.is_alive()]
+        changes = torchstate.diff_state(self.base_state, torchstate.state_snapshot(str(self.device)))
+        if self.base_signals:
+            # A signal handler receives the interrupted frame: frame access without any audit event.
+            now = _signal_handlers()
+            changes.update({k: [self.base_signals.get(k), v] for k, v in now.items() if self.base_signals.get(k) != v})
+        identity = torchstate.diff_identities(self.base_ids, torchstate.identity_snapshot(self._watched_namespaces()))
+        # A module replaced in sys.modules would be picked up by any later `from tilesmith... import`.
+        identity += [f"sys.modules[{n!r}]" for n, m in self.base_modules.items() if sys.modules.get(n) is not m]
         return {
-            "state_changes": torchstate.diff_state(self.base_state, torchstate.state_snapshot(str(self.device))),
-            "identity_changes": torchstate.diff_identities(self.base_ids,
-                                                           torchstate.identity_snapshot(self._watched_namespaces())),
+            "audit": self.auditor.drain() if self.auditor is not None else [],
+            "state_changes": changes,
+            "identity_changes": identity,
             "threads_new": [f"{t.name} (daemon={t.daemon})" for t in now_threads],
         }
 
@@ -318,12 +341,27 @@ class Worker:
 
     # -- timing --------------------------------------------------------------------------------------
     def op_time(self, msg: dict[str, Any]) -> dict[str, Any]:
-        from tilesmith.gate.worker_timing import run_timing
-
-        answer = run_timing(self, msg)
+        # Bound at import (before any candidate): a lazy import here would take whatever module a
+        # candidate had put into sys.modules under that name.
+        answer = worker_timing.run_timing(self, msg)
         answer.update(self._global_facts())
         self.file_cache.clear()
         return answer
+
+
+def _signal_handlers() -> dict[str, str]:
+    """``{"signal.SIGALRM": "<default>", ...}``: the identity of every signal's Python-level handler."""
+    out = {}
+    for sig in signal.valid_signals():
+        try:
+            handler = signal.getsignal(sig)
+        except (ValueError, OSError):
+            continue
+        name = getattr(sig, "name", str(sig))
+        out[f"signal.{name}"] = handler.name if isinstance(handler, signal.Handlers) else \
+            (f"{getattr(handler, '__module__', '?')}.{getattr(handler, '__qualname__', '?')}@{id(handler):x}"
+             if handler is not None else "None")
+    return out
 
 
 def compact_cpu(t: torch.Tensor) -> torch.Tensor:
@@ -407,3 +445,6 @@ def _fast_cpu_probe() -> None:
         cpu_vec_isa.pick_vec_isa()
     except Exception:  # noqa: BLE001
         pass
+
+
+worker_timing.bind(T, _against_expected, compact_cpu)

@@ -1,21 +1,34 @@
-"""Paired timing samples inside the worker (the statistics are computed by the host, not here).
+"""Paired timing samples inside the worker (the statistics and the spot-check choices live in the host).
 
-Protocol of one ``time`` request (the host chooses everything random: arm order per round, which input
-set each round uses, the sign/power-of-two factors, which samples are spot-checked):
+A timing run is a short conversation of ``time`` requests, each with a ``phase`` (the host side is
+:func:`tilesmith.gate.timing.run_samples`):
 
-1. Load the input pool (≥ 2 sets) onto the device; build one live argument set whose tensors keep their
-   addresses for the whole request.
-2. Warm up every arm outside the samples (at least 3 calls and ``warmup_ms`` per arm), then estimate
-   each arm's time per call and choose ``k`` calls per sample so that the fastest arm's sample lasts at
-   least ``target_ms`` and the slowest at most ``max_sample_ms`` (never below 1).
-3. For each round: refresh the live inputs **in place** from the round's set times its factors (so a
-   cache keyed on pointers, shapes or a few input values returns stale results, which the spot checks
-   then catch), then for each arm in the round's order: flush the cache (write a buffer larger than
-   L2/LLC), synchronize, start the clock, run ``k`` calls, synchronize the whole device (work left on
-   other streams is inside the sample), stop the clock.
-   CUDA: events recorded on the current stream; CPU (test mode): ``time.perf_counter_ns``.
-4. Spot checks: for the (round, arm) pairs the host chose, the last call's outputs are copied to the
-   host after the sample (outside the timed region) and saved for comparison with the reference.
+``start``   Load the input pool (≥ 2 sets) onto the device; warm up every arm outside the samples (at
+            least 3 calls and ``warmup_ms`` per arm); estimate each arm's time per call; choose ``k``
+            calls per sample (the fastest arm's sample lasts ≥ ``target_ms``, the slowest ≤
+            ``max_sample_ms``), then cap ``k`` (see :func:`choose_k`) by the memory that ``k`` input
+            sets and ``k`` output sets need and by how many distinct input sets the inputs allow; build
+            ``k`` live input sets whose tensors keep their addresses for the whole run. The inputs the
+            host names ``static`` (the graph's parameters and buffers) are ONE buffer shared by all ``k``
+            sets, as they are in real use (one address across calls); every other input has ``k``.
+``sample``  First copy out the outputs of the previous sample's calls that the host names in ``copy``
+            (chosen by the host *after* that sample ended), release all of that sample's outputs;
+            then refresh the ``k`` live sets **in place** with ``k`` distinct value sets
+            (:func:`fill_set`; a static input once, with call 0's values), flush the cache (write a
+            buffer larger than L2/LLC), synchronize, start the clock, run call ``j`` on set ``j`` for
+            ``j < k``, keeping **every** output, synchronize the whole device (work left on other
+            streams is inside the sample), stop the clock.
+            CUDA: events recorded on the current stream; CPU (test mode): ``time.perf_counter_ns``.
+``finish``  Copy out the last sample's picks, release everything, save the copies for the host.
+
+What a candidate can observe is the same for every sample and every call: all of its outputs from the
+current sample are alive until the sample has ended (no flag says whether a sample or call is checked:
+the host has not decided that in any form the worker holds), and each of the ``k`` calls of a sample
+reads a different input set, so a result cache keyed on pointers, shapes, exact values or a few sampled
+values cannot hit within a sample (nor, in practice, across samples: every sample's sets are shifted by a
+fresh host-chosen offset). Static inputs are the same within a sample, so a cache keyed on them alone hits
+and returns the previous call's result for different activations, which the spot checks see; when no
+non-static floating input varies, ``k`` is 1 (:func:`distinct_capacity`).
 """
 
 from __future__ import annotations
@@ -25,9 +38,31 @@ from typing import Any
 
 import torch
 
+from tilesmith.gate.protocol import storage_extent
 from tilesmith.gate.worker_runtime import InputSet, flat_view, sync, write_values
 
+#: The worker's trusted bindings (clocks, events, ``torch.save``; see :data:`tilesmith.gate.worker_core.T`) and
+#: output helpers, set by :func:`bind` when ``worker_core`` loads, before any candidate is imported; never looked
+#: up again later (a candidate could have replaced ``sys.modules`` entries by then).
+T: Any = None
+_CORE: Any = None
+
+
+def bind(trusted: Any, against_expected: Any, compact_cpu: Any) -> None:
+    """Called once by :mod:`tilesmith.gate.worker_core` at import."""
+    global T, _CORE
+    T = trusted
+    _CORE = (against_expected, compact_cpu)
+
+
 _FLOAT_KINDS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+#: Bytes that ``k`` live input sets plus ``k`` output sets may take: on CUDA this fraction of the memory
+#: free on the device after warm-up (the rest stays for the wrappers' intermediates and the baseline);
+#: on the CPU (test mode) a fixed amount.
+TIMING_MEMORY_FRACTION = 0.5
+TIMING_MEMORY_CPU_BYTES = 1 << 30
 
 
 def _scale(t: torch.Tensor, factor: float) -> None:
@@ -40,94 +75,279 @@ def _scale(t: torch.Tensor, factor: float) -> None:
         flat.copy_(flat.float().mul_(factor).to(t.dtype))
 
 
-def run_timing(worker: Any, msg: dict[str, Any]) -> dict[str, Any]:
-    from tilesmith.gate.worker_core import T, compact_cpu
+def _region(t: torch.Tensor) -> torch.Tensor:
+    """1-D view of the storage elements ``t`` can reach (from its offset), in ``t``'s dtype."""
+    return torch.as_strided(t, (storage_extent(t),), (1,), t.storage_offset())
 
+
+def _finite(flat: torch.Tensor) -> torch.Tensor:
+    return torch.isfinite(flat if flat.dtype in _FLOAT_KINDS else flat.float())
+
+
+def _overlaps(t: torch.Tensor) -> bool:
+    check = getattr(torch._C, "_debug_has_internal_overlap", None)
+    return check is not None and int(check(t)) != 0
+
+
+def roll_finite_(t: torch.Tensor, shift: int) -> None:
+    """Rotate the finite values of floating tensor ``t`` by ``shift`` positions among themselves, in place.
+
+    Works on the logical elements in row-major order (never on stride gaps, whose bytes the worker and the
+    host do not share) and moves raw bits through an integer view, so the result is bit-identical on every
+    device and dtype (float8 included); NaN and ±Inf stay where they are (masks keep their structure) and
+    the multiset of values is unchanged (positive inputs stay positive). Integer, boolean and complex
+    tensors, and layouts that overlap themselves (stride 0), are left alone.
+    """
+    if not t.is_floating_point() or t.numel() < 2 or _overlaps(t):
+        return
+    flat = t.reshape(-1) if t.is_contiguous() else t.contiguous().reshape(-1)
+    fin = _finite(flat)
+    bits = flat.view(_INT_VIEW[t.element_size()])
+    if bool(fin.all()):
+        rolled = torch.roll(bits, int(shift))
+    else:
+        idx = fin.nonzero().squeeze(1)
+        if idx.numel() < 2:
+            return
+        rolled = bits.clone()
+        rolled[idx] = torch.roll(bits[idx], int(shift))
+    if t.is_contiguous():
+        bits.copy_(rolled)
+    else:
+        t.copy_(rolled.view(t.dtype).view(t.shape))
+
+
+def distinct_capacity(values: list[Any], static: Any = ()) -> int:
+    """How many pairwise different input sets :func:`roll_finite_` with shifts ``0 … n-1`` can make.
+
+    The largest number of finite logical elements of a (non-overlapping) floating input that holds at
+    least two different finite values (a shift that is not a multiple of that count moves some value to
+    a new position, unless the values repeat with a shorter period); 1 when no floating input varies (only
+    integer/boolean inputs, or constant floats): then every call of a sample would read the same values,
+    and ``k`` is capped to 1. Inputs in ``static`` (shared by the calls of a sample) do not count: a graph
+    whose only varying floating inputs are static gets ``k = 1``.
+    """
+    best = 1
+    skip = {int(i) for i in static}
+    for i, value in enumerate(values):
+        if i in skip:
+            continue
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel() >= 2 \
+                and not _overlaps(value):
+            flat = value.reshape(-1)
+            finite = flat[_finite(flat)]
+            if finite.numel() >= 2 and bool((finite != finite[0]).any()):
+                best = max(best, int(finite.numel()))
+    return best
+
+
+def fill_set(targets: list[Any], source: list[Any], factors: list[float], shift: int, skip: Any = ()) -> None:
+    """Write one timing input set in place: ``source`` × per-input ``factors``, finite values rolled by ``shift``.
+
+    Inputs in ``skip`` are left alone (static inputs shared with a set already written). The host rebuilds
+    the same values with :func:`tilesmith.gate.timing.set_values` (every step is exact).
+    """
+    skipped = {int(i) for i in skip}
+    for i, value in enumerate(source):
+        if isinstance(value, torch.Tensor) and i not in skipped:
+            write_values(targets[i], value)
+            _scale(targets[i], float(factors[i]) if i < len(factors) else 1.0)
+            if shift:
+                roll_finite_(targets[i], shift)
+
+
+def choose_k(estimates_ms: list[float], target_ms: float, max_sample_ms: float, set_bytes: int, out_bytes: int,
+             budget_bytes: int, distinct: int) -> tuple[int, dict[str, int]]:
+    """Calls per sample: long enough for ``target_ms`` on the fastest arm, at most ``max_sample_ms`` on the
+    slowest, then capped by memory (``k`` input sets + ``k`` output sets ≤ ``budget_bytes``) and by
+    ``distinct`` (no input set is read twice in one sample). Never below 1. Returns ``(k, limits)``."""
+    timed = int(max(1, min(-(-target_ms // min(estimates_ms)), max_sample_ms // max(estimates_ms))))
+    by_memory = int(max(1, budget_bytes // max(1, set_bytes + out_bytes)))
+    k = max(1, min(timed, by_memory, int(distinct)))
+    return k, {"by_time": timed, "by_memory": by_memory, "by_distinct": int(distinct)}
+
+
+def static_indices(requested: Any, values: list[Any]) -> tuple[int, ...]:
+    """The host's ``static`` list, validated: sorted distinct indices of tensor inputs of ``values``."""
+    found = set()
+    for i in requested or ():
+        idx = int(i)
+        if 0 <= idx < len(values) and isinstance(values[idx], torch.Tensor):
+            found.add(idx)
+    return tuple(sorted(found))
+
+
+def _storage_bytes(values: Any, skip: Any = ()) -> int:
+    seen: dict[int, int] = {}
+    skipped = {int(i) for i in skip}
+    for i, v in enumerate(values if isinstance(values, (list, tuple)) else []):
+        if isinstance(v, torch.Tensor) and i not in skipped:
+            storage = v.untyped_storage()
+            seen[storage.data_ptr()] = max(seen.get(storage.data_ptr(), 0), int(storage.nbytes()))
+    return sum(seen.values())
+
+
+class _Session:
+    """State of one timing run between its requests (lives in the worker only)."""
+
+    def __init__(self, arms: list[Any], pool: list[list[Any]], sets: list[InputSet], flush: torch.Tensor,
+                 k: int, static: tuple[int, ...] = ()) -> None:
+        self.arms, self.pool, self.sets, self.flush, self.k = arms, pool, sets, flush, k
+        self.static = static
+        self.held: tuple[int, int, list[Any]] | None = None
+        self.spots: list[list[Any]] = []
+        self.keys: list[list[int]] = []
+        self.refused: str | None = None
+
+
+_STATE: dict[str, _Session | None] = {"session": None}
+
+
+def _timed(device: torch.device, flush: torch.Tensor, fn: Any, argsets: list[list[Any]]) -> tuple[float, float, list[Any]]:
+    """One sample: ``fn`` once per argument list, every output kept until the clock has stopped."""
+
+    outs: list[Any] = [None] * len(argsets)
+    flush.fill_(0)
+    sync(device)
+    wall0 = T.perf_ns()
+    if device.type == "cuda":
+        start, end = T.Event(enable_timing=True), T.Event(enable_timing=True)
+        T.event_record(start)
+        for j, args in enumerate(argsets):
+            outs[j] = fn(args)
+        T.cuda_sync(device)
+        T.event_record(end)
+        T.event_sync(end)
+        ms = T.elapsed(start, end)
+    else:
+        t0 = T.perf_ns()
+        for j, args in enumerate(argsets):
+            outs[j] = fn(args)
+        ms = (T.perf_ns() - t0) / 1e6
+    wall = (T.perf_ns() - wall0) / 1e6
+    return ms, wall, outs
+
+
+def _budget(device: torch.device) -> int:
+    if device.type != "cuda":
+        return TIMING_MEMORY_CPU_BYTES
+
+    free, _total = T.mem_get_info(device)
+    return int(TIMING_MEMORY_FRACTION * free)
+
+
+def _start(worker: Any, msg: dict[str, Any]) -> dict[str, Any]:
+
+    _STATE["session"] = None
     device = worker.device
     arms = [worker.modules[name] for name in msg["arms"]]
     pool_cpu = [worker.inputs(p) for p in msg["pool"]]
     pool = [InputSet(values, device, guarded=False).values for values in pool_cpu]
-    live = InputSet(pool_cpu[0], device, guarded=False)
+    first = InputSet(pool_cpu[0], device, guarded=False)
+    static = static_indices(msg.get("static"), first.values)
     flush = torch.empty(int(msg["flush_bytes"]), dtype=torch.uint8, device=device)
-    is_cuda = device.type == "cuda"
-
-    def refresh(set_index: int, factors: list[float]) -> None:
-        for i, value in enumerate(pool[set_index]):
-            if isinstance(value, torch.Tensor):
-                write_values(live.values[i], value)
-                _scale(live.values[i], float(factors[i]) if i < len(factors) else 1.0)
-
-    def timed(fn: Any, k: int, keep: bool) -> tuple[float, float, Any]:
-        flush.fill_(0)
-        sync(device)
-        wall0 = T.perf_ns()
-        out = None
-        if is_cuda:
-            start, end = T.Event(enable_timing=True), T.Event(enable_timing=True)
-            T.event_record(start)
-            for _ in range(k):
-                out = fn(live.args())
-                if not keep:
-                    out = None
-            T.cuda_sync(device)
-            T.event_record(end)
-            T.event_sync(end)
-            ms = T.elapsed(start, end)
-        else:
-            t0 = T.perf_ns()
-            for _ in range(k):
-                out = fn(live.args())
-                if not keep:
-                    out = None
-            ms = (T.perf_ns() - t0) / 1e6
-        wall = (T.perf_ns() - wall0) / 1e6
-        return ms, wall, out
-
+    estimates: list[float] = []
+    out_bytes = int(sum(int(e.get("nbytes", 0)) for e in worker.expected))
     with T.no_grad():
-        estimates = []
         warm_ms = float(msg.get("warmup_ms", 20.0))
         for arm in arms:
             spent, calls = 0.0, 0
             while calls < 3 or spent < warm_ms:
-                ms, _, _ = timed(arm.fn, 1, False)
+                ms, _, outs = _timed(device, flush, arm.fn, [first.args()])
+                out_bytes = max(out_bytes, _storage_bytes(outs[0]))
+                del outs
                 spent += ms
                 calls += 1
                 if calls >= 1000:
                     break
-            singles = [timed(arm.fn, 1, False)[0] for _ in range(3)]
+            singles = [_timed(device, flush, arm.fn, [first.args()])[0] for _ in range(3)]
             estimates.append(max(statistics.median(singles), 1e-4))
-        k = msg.get("calls_per_sample")
-        if not k:
-            target, longest = float(msg["target_ms"]), float(msg["max_sample_ms"])
-            k = max(1, min(-(-target // min(estimates)), longest // max(estimates)))
-        k = int(k)
-        samples: list[list[float]] = [[] for _ in arms]
-        walls: list[list[float]] = [[] for _ in arms]
-        spots = {(int(r), int(a)) for r, a in msg.get("spots", [])}
-        spot_out: list[list[Any]] = []
-        spot_keys: list[list[int]] = []
-        for r, rnd in enumerate(msg["schedule"]):
-            refresh(int(rnd["set"]), rnd.get("factors", []))
-            for a in rnd["order"]:
-                keep = (r, int(a)) in spots
-                T.manual_seed(int(rnd.get("seed", r)))
-                ms, wall, out = timed(arms[int(a)].fn, k, keep)
-                samples[int(a)].append(ms / k)
-                walls[int(a)].append(wall)
-                if keep:
-                    spot_out.append([compact_cpu(o) if type(o) is torch.Tensor else None
-                                     for o in (out if isinstance(out, (tuple, list)) else [])])
-                    spot_keys.append([r, int(a)])
-                del out
-    answer: dict[str, Any] = {"ok": True, "calls_per_sample": k, "estimates_ms": estimates, "samples_ms": samples,
-                              "walls_ms": walls, "method": "cuda_event" if is_cuda else "host_clock"}
-    if spot_out:
-        from tilesmith.gate.worker_core import _against_expected
+    set_bytes = _storage_bytes(first.values, skip=static)  # what each further set adds (static inputs: once)
+    distinct = min(distinct_capacity(values, static) for values in pool_cpu)
+    k, limits = choose_k(estimates, float(msg["target_ms"]), float(msg["max_sample_ms"]), set_bytes, out_bytes,
+                         _budget(device), distinct)
+    if msg.get("calls_per_sample"):
+        k = max(1, min(int(msg["calls_per_sample"]), limits["by_memory"], limits["by_distinct"]))
+    # One buffer (one address) for a static input across the k calls: the other sets get no copy of it.
+    rest = [None if i in static else v for i, v in enumerate(pool_cpu[0])]
+    sets = [first] + [InputSet(rest, device, guarded=False) for _ in range(k - 1)]
+    for iset in sets[1:]:
+        for i in static:
+            iset.values[i] = first.values[i]
+    _STATE["session"] = _Session(arms, pool, sets, flush, k, static)
+    return {"ok": True, "calls_per_sample": k, "estimates_ms": estimates, "k_limits": limits,
+            "static_inputs": list(static),
+            "set_bytes": set_bytes, "output_bytes": out_bytes,
+            "method": "cuda_event" if device.type == "cuda" else "host_clock"}
 
-        problems = [p for p in (_against_expected(o, worker.expected) for o in spot_out) if p]
-        if problems:
-            answer["spot_refused"] = problems[0]
-        else:
-            T.save({"spots": spot_out, "keys": spot_keys}, msg["spot_path"])
-            answer["spot_path"] = msg["spot_path"]
+
+def _copy_out(worker: Any, session: _Session, calls: list[Any]) -> None:
+    """Copy the named calls of the held sample to the CPU (after the sample; the host chose them)."""
+    _against_expected, compact_cpu = _CORE
+
+    if session.held is None:
+        return
+    r, a, outs = session.held
+    session.held = None
+    for c in sorted({int(c) for c in calls}):
+        if not 0 <= c < len(outs):
+            continue
+        out = outs[c]
+        problem = _against_expected(out, worker.expected)
+        if problem:
+            session.refused = session.refused or f"round {r}, arm {a}, call {c}: {problem}"
+            continue
+        session.spots.append([compact_cpu(o) if type(o) is torch.Tensor else None for o in out])
+        session.keys.append([r, a, c])
+    del outs
+
+
+def _sample(worker: Any, msg: dict[str, Any]) -> dict[str, Any]:
+
+    session = _STATE["session"]
+    if session is None:
+        raise RuntimeError("a timing sample was requested before the timing run started")
+    _copy_out(worker, session, msg.get("copy", []))
+    r, a = int(msg["round"]), int(msg["arm"])
+    source = session.pool[int(msg["set"])]
+    factors = list(msg.get("factors", []))
+    shift = int(msg.get("shift", 0))
+    for j, iset in enumerate(session.sets):  # static inputs: written once, with call 0's values (shift)
+        fill_set(iset.values, source, factors, shift + j, skip=session.static if j else ())
+    argsets = [iset.args() for iset in session.sets]
+    with T.no_grad():
+        T.manual_seed(int(msg.get("seed", r)))
+        ms, wall, outs = _timed(worker.device, session.flush, session.arms[a].fn, argsets)
+    session.held = (r, a, outs)
+    del outs
+    return {"ok": True, "ms": ms, "wall_ms": wall}
+
+
+def _finish(worker: Any, msg: dict[str, Any]) -> dict[str, Any]:
+
+    session = _STATE["session"]
+    if session is None:
+        raise RuntimeError("the timing run was finished before it started")
+    _copy_out(worker, session, msg.get("copy", []))
+    _STATE["session"] = None
+    answer: dict[str, Any] = {"ok": True, "keys": session.keys}
+    if session.refused:
+        answer["spot_refused"] = session.refused
+    elif session.spots:
+        T.save({"spots": session.spots, "keys": session.keys}, msg["spot_path"])
+        answer["spot_path"] = msg["spot_path"]
+    del session
     return answer
+
+
+def run_timing(worker: Any, msg: dict[str, Any]) -> dict[str, Any]:
+    """Handle one ``time`` request (``phase``: ``start``, ``sample`` or ``finish``; see the module text)."""
+    phase = msg.get("phase")
+    if phase == "start":
+        return _start(worker, msg)
+    if phase == "sample":
+        return _sample(worker, msg)
+    if phase == "finish":
+        return _finish(worker, msg)
+    _STATE["session"] = None
+    raise ValueError(f"unknown timing phase {phase!r} (expected start, sample or finish)")

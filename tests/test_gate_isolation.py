@@ -1,0 +1,131 @@
+"""Worker isolation: every worker gets private Inductor/Triton caches and temporary files (red-team
+finding 1: a candidate rewrote the original wrapper's file in the shared Inductor cache), the CPU ISA
+probes and the original's compiled kernels are seeded by copy, and nothing a worker writes reaches the
+user's cache or another worker."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests import gate_support as gs
+from tests.cheats import redteam_isolation as rt
+from tilesmith.gate import process
+from tilesmith.records import Candidate
+
+
+def test_private_environment_points_every_cache_into_the_worker_folder(tmp_path):
+    env = process.private_environment(tmp_path)
+    for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TMPDIR"):
+        assert Path(env[name]).parent == tmp_path
+    assert env["PYTHONDONTWRITEBYTECODE"] == "1"
+
+
+def test_isa_probes_are_found_by_content_and_copied(tmp_path, monkeypatch):
+    from torch._inductor import cpu_vec_isa
+
+    probe = cpu_vec_isa.VecISA._avx_code
+    shared = tmp_path / "shared"
+    for sub, stem, text, built in (("ab", "cabprobe", probe, True), ("cd", "ccdkernel", "int main() {}", True),
+                                   ("ef", "cefunbuilt", probe, False)):
+        (shared / sub).mkdir(parents=True)
+        (shared / sub / f"{stem}.cpp").write_text(text)
+        if built:
+            (shared / sub / f"{stem}.so").write_bytes(b"\x7fELF")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(shared))
+    found = process._isa_probe_files.__wrapped__()
+    assert found == (("ab", "cabprobe.cpp"), ("ab", "cabprobe.so"))
+    monkeypatch.setattr(process, "_isa_probe_files", lambda: found)
+    worker_dir = tmp_path / "w"
+    (worker_dir / "inductor").mkdir(parents=True)
+    assert process.seed_private_cache(worker_dir) >= 2
+    copied = worker_dir / "inductor" / "ab" / "cabprobe.so"
+    assert copied.read_bytes() == b"\x7fELF"
+    assert copied.stat().st_ino != (shared / "ab" / "cabprobe.so").stat().st_ino  # a copy, not a link
+
+
+def test_cache_template_is_copied_not_linked(tmp_path):
+    class Fresh:
+        saw: set[str] = set()
+        dir = tmp_path / "w1"
+
+    (Fresh.dir / "inductor" / "xy").mkdir(parents=True)
+    (Fresh.dir / "inductor" / "xy" / "orig.py").write_text("call = None\n")
+    template = process.make_cache_template(Fresh, tmp_path / "template")  # type: ignore[arg-type]
+    assert template == tmp_path / "template"
+    target = tmp_path / "w2"
+    assert process.copy_cache_template(template, target) == 1
+    (target / "inductor" / "xy" / "orig.py").write_text("tampered\n")
+    assert (template / "inductor" / "xy" / "orig.py").read_text() == "call = None\n"
+    Fresh.saw = {"sha"}
+    assert process.make_cache_template(Fresh, tmp_path / "template2") is None  # saw a candidate: never
+
+
+def _environ_of(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+
+
+@pytest.fixture(scope="module")
+def ln(tmp_path_factory):
+    from tilesmith.gate import Gate
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TILESMITH_ALLOW_CPU", "1")
+        mp.setenv("TILESMITH_GATE_RUN_TIMEOUT_S", "60")
+        mp.setattr("tilesmith.gate.gate.scan", lambda source: [])  # the isolation must hold without the scan
+        torch.manual_seed(0)
+        cap = gs.capture(gs.LinearLN(), torch.randn(32, 64))[0]
+        root = tmp_path_factory.mktemp("isolation")
+        problem = gs.make_problem(cap, root / "snapshot", label="150a7e00 (ln)")
+        gate = Gate(problem, reference=cap.ref_fn, profiles_dir=root / "profiles", timing_pairs=6)
+        yield gate, cap
+        gate.close()
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
+def test_worker_runs_with_private_caches_seeded_from_the_template(ln):
+    gate, _ = ln
+    worker = gate._take_worker()
+    try:
+        env = _environ_of(worker.pid)
+        for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TMPDIR"):
+            assert Path(env[name]).parent == worker.dir, name
+        assert env["TORCHINDUCTOR_CACHE_DIR"] != os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+        # the original wrapper was written to and loaded from the worker's own cache
+        assert any(p.read_text() == gate.problem.original_source
+                   for p in (worker.dir / "inductor").rglob("*.py"))
+    finally:
+        worker.kill()
+    assert not worker.dir.exists()
+    assert gate._template is not None and (gate._template / "inductor").is_dir()
+
+
+def test_cache_poisoning_candidate_is_blocked_and_shared_caches_stay_intact(ln):
+    """Red-team finding 1 (t10_cache_poison): PyCodeCache.write(original) + codecache.write_atomic."""
+    from torch._inductor.codecache import PyCodeCache
+
+    gate, cap = ln
+    _, shared_path = PyCodeCache.write(cap.source)  # this process's (the user's) cache file of the original
+    before = Path(shared_path).read_text()
+    template_files = {p: p.read_bytes() for p in gate._template.rglob("*") if p.is_file()} if gate._template else {}
+    verdict = gate.evaluate(Candidate(source=rt.tamper_original_in_cache(cap.source), proposer="redteam:t10"))
+    assert "audit_file_write" in [f.check for f in verdict.failures], verdict.reasons
+    assert verdict.status == "rejected_global_state"
+    assert Path(shared_path).read_text() == before
+    assert "TAMPERED_BY_CANDIDATE" not in before
+    for path, data in template_files.items():
+        assert path.read_bytes() == data, path
+
+
+def test_writing_into_the_users_cache_folder_is_blocked(ln, tmp_path):
+    gate, cap = ln
+    shared = tmp_path / "users-inductor-cache"
+    shared.mkdir()
+    verdict = gate.evaluate(Candidate(source=rt.write_into_shared_cache(cap.source, str(shared)),
+                                      proposer="redteam:t10b"))
+    assert "audit_file_write" in [f.check for f in verdict.failures], verdict.reasons
+    assert list(shared.rglob("*")) == []
