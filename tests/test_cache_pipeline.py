@@ -106,3 +106,69 @@ def test_corrupted_artifact_is_reported_and_the_graph_optimized_again(tmp_path):
     assert second["benchmarks"][0]["source"] == "optimizer"
     assert "cache_corrupted" in second["diagnostics"]
     assert ArtifactStore(root, enabled=True).get(key) is not None  # replaced by the fresh acceptance
+
+
+CHILD_BACKGROUND = textwrap.dedent(
+    """
+    import json, threading
+    import torch
+    import tilesmith
+    import tilesmith.optimize as stages
+    from tests.models import MulSum, has_mulsum_loop, mm_instead_of_loop
+    from tests.scripted import ScriptedFactory, comment
+
+    released = threading.Event()
+    real_install_hit = stages._install_hit
+
+    def held_install_hit(*args, **kwargs):  # the re-check may finish only after the first call has returned
+        assert released.wait(300)
+        return real_install_hit(*args, **kwargs)
+
+    stages._install_hit = held_install_hit
+    torch.manual_seed(0)
+    model = MulSum().eval()
+    x = torch.randn(64, 512)
+    factory = ScriptedFactory(edits=[lambda t: mm_instead_of_loop(t) if has_mulsum_loop(t) else comment("noop")(t)])
+    compiled = tilesmith.compile(model, example_inputs=(x,), agent_model=factory, loops=1)
+    run = tilesmith.api._run_of(compiled)
+    with torch.no_grad():
+        out = compiled(x)
+        during = {"benchmarks": len(tilesmith.benchmarks(compiled)), "states": [h.state for h in run.handles],
+                  "background": len(run.background)}
+        released.set()
+        finished = tilesmith.wait(compiled, timeout_s=300)
+        again = compiled(x)
+        ref = model(x)
+    print(json.dumps({
+        "sessions": len(factory.sessions), "during": during, "finished": finished,
+        "states": [h.state for h in run.handles],
+        "benchmarks": [{"key": r.graph_key, "source": r.source, "track": r.track_dir}
+                       for r in tilesmith.benchmarks(compiled)],
+        "diagnostics": [d.kind for d in tilesmith.diagnostics(compiled)],
+        "max_err": max(float((out - ref).abs().max()), float((again - ref).abs().max())),
+    }))
+    """
+)
+
+
+@pytest.mark.slow
+def test_background_recheck_returns_first_call_on_inductor_then_installs_with_a_trusted_reference(
+        tmp_path, monkeypatch):
+    root = tmp_path / "ts"
+    seed_script, script = tmp_path / "seed.py", tmp_path / "child.py"
+    seed_script.write_text(CHILD)
+    script.write_text(CHILD_BACKGROUND)
+    first = _run(root, seed_script)
+    (bench,) = first["benchmarks"]
+    assert bench["source"] == "optimizer"
+
+    monkeypatch.setenv("TILESMITH_CACHE_RECHECK", "background")
+    second = _run(root, script)
+    assert second["during"] == {"benchmarks": 0, "states": ["rechecking"], "background": 1}
+    assert second["finished"] and second["states"] == ["installed"]
+    assert second["sessions"] == 0 and second["max_err"] < 1e-4
+    (hit,) = second["benchmarks"]
+    assert hit["source"] == "cache" and "cache_hit" in second["diagnostics"]
+    reports = [json.loads(p.read_text()) for p in (Path(hit["track"]) / "profiles").glob("*.json")]
+    assert [r["kind"] for r in reports] == ["recheck"]
+    assert reports[0]["reference"]["source"] == "trusted worker"  # never the user's callable from a thread

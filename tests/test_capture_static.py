@@ -83,15 +83,16 @@ def test_training_forward_records_static_inputs_and_backward_records_none(traini
     assert backward.static_input_idxs == ()
 
 
-def test_static_inputs_drops_backward_freezing_and_out_of_range_entries(monkeypatch):
+def test_static_inputs_drops_backward_freezing_and_out_of_range_entries():
     spec = TensorSpec((2,), (1,), "torch.float32", "cpu")
     specs = (spec, ScalarSpec(3), spec)
     assert static_inputs({"static_input_idxs": [2, 0, 0, 1, 7, -1]}, specs) == (0, 2)
     assert static_inputs({"static_input_idxs": [0, 2], "is_backward": True}, specs) == ()
     from torch._inductor import config
 
-    monkeypatch.setattr(config, "freezing", True)
-    assert static_inputs({"static_input_idxs": [0, 2], "is_inference": True}, specs) == ()
+    with config.patch(freezing=True):  # not monkeypatch: its undo deletes the attribute, which hides the option
+        assert static_inputs({"static_input_idxs": [0, 2], "is_inference": True}, specs) == ()
+    assert getattr(config, "freezing", None) is False
 
 
 def _graph(kind: str, **extra: Any) -> CapturedGraph:

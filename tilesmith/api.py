@@ -93,6 +93,17 @@ def benchmarks(model: Any) -> tuple[BenchmarkRecord, ...]:
     return tuple(run.benchmarks) if run is not None else ()
 
 
+def wait(model: Any, timeout_s: float | None = None) -> bool:
+    """Wait until background artifact-cache re-checks of ``model``'s graphs have finished (installed or not).
+
+    Only ``TILESMITH_CACHE_RECHECK=background`` starts such re-checks; otherwise there is nothing to wait for.
+    ``timeout_s`` is in seconds (``None``: no limit). Returns True when none is still running, False on
+    timeout; never raises for objects Tilesmith did not compile (True).
+    """
+    run = _run_of(model)
+    return True if run is None else run.wait(timeout_s)
+
+
 def diagnostics(model: Any) -> tuple[Diagnostic, ...]:
     """Why graphs of ``model`` were or were not optimized (``kind``, ``message``, graph key and name)."""
     run = _run_of(model)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import threading
 import time
 from typing import Any
 
@@ -33,32 +34,65 @@ def optimize_graph(run: Any, handle: Any, track: Track, inputs: list[Any]) -> No
         _keep(run, track, "unsupported_constants", f"graph {label} has non-tensor module constants {odd} "
               "that cannot be handed to an isolated worker; it stays on Inductor.")
         return
-    progress = _progress()
-    started = time.monotonic()
     snap = snapshot.new_snapshot_dir(label)
-    gate = None
     try:
         snapshot.write_snapshot(snap, inputs, handle.constants)
         inputs.clear()  # the snapshot holds them now; free device memory before workers start
+        hit = _lookup(run, handle, track)
+        if hit is not None and settings.get("TILESMITH_CACHE_RECHECK") == "background":
+            thread = threading.Thread(target=_stages, args=(run, handle, track, snap, hit, True), daemon=True,
+                                      name=f"tilesmith-recheck-{track.key[:8]}")
+            handle.state = "rechecking"
+            run.start_background(thread)  # the thread owns the snapshot from here on
+            snap = None
+            return
+        _stages(run, handle, track, snap, hit, False)
+        snap = None
+    finally:
+        if snap is not None:
+            snapshot.remove(snap)
+
+
+def _stages(run: Any, handle: Any, track: Track, snap: Any, hit: Any, background: bool) -> None:
+    """Gate (+ cache re-check or optimizer) → install, for one graph whose snapshot is in ``snap``.
+
+    ``background``: running in a thread after the graph's first call returned (``TILESMITH_CACHE_RECHECK=
+    background``): the reference then comes from a trusted worker, never from the user's callable (which
+    would run in the user's CUDA context and RNG from another thread), there is no progress display, and
+    nothing may escape the thread: a failure is a diagnostic and the graph stays on Inductor.
+    """
+    label = track.label
+    progress = None if background else _progress()
+    started = time.monotonic()
+    gate = None
+    try:
         from tilesmith.gate import Gate, GateProblem
 
         problem = GateProblem(label=label, graph=handle.graph, snapshot_dir=snap,
                               original_source=handle.graph.canonical_source)
-        gate = Gate(problem, reference=handle.original, min_improvement=run.options.min_improvement,
-                    profiles_dir=track.profiles)
+        gate = Gate(problem, reference=None if background else handle.original,
+                    min_improvement=run.options.min_improvement, profiles_dir=track.profiles)
         if progress:
             progress.graph_started(label)
-        if _from_cache(run, handle, track, gate):
+        if hit is not None and _install_hit(run, handle, track, gate, hit):
             outcome = "cache hit installed"
         else:
             outcome = _run_optimizer(run, handle, track, gate, progress)
         if progress:
             progress.graph_finished(label, outcome)
         log.info("tilesmith: graph %s: %s after %.1f s", label, outcome, time.monotonic() - started)
+    except BaseException as exc:  # noqa: BLE001 - in the thread nothing may escape; inline the caller reports
+        if not background or isinstance(exc, KeyboardInterrupt):
+            raise
+        log.exception("tilesmith: background re-check of %s failed", label)
+        _keep(run, track, "internal_error", f"graph {label}: the background re-check failed with "
+              f"{type(exc).__name__}: {exc}; the graph stays on Inductor. Please report this with the run folder.")
     finally:
         if gate is not None:
             gate.close()
         snapshot.remove(snap)
+        if handle.state in ("rechecking", "optimizing"):
+            handle.state = "installed" if handle.record is not None else "kept_inductor"
 
 
 def _run_optimizer(run: Any, handle: Any, track: Track, gate: Any, progress: Any) -> str:
@@ -124,8 +158,9 @@ def reuse_in_run(run: Any, first: Any, handle: Any) -> None:
     source, record = getattr(first, "installed_source", None), getattr(first, "record", None)
     if first.state != "installed" or source is None or record is None:
         handle.state = "kept_inductor"
-        run.diagnose("duplicate_graph", f"{twin}, which stayed on Inductor; so does this one.", handle.key,
-                     handle.graph.name)
+        why = ("whose cached artifact is still being re-checked in the background; this one stays on Inductor."
+               if first.state == "rechecking" else "which stayed on Inductor; so does this one.")
+        run.diagnose("duplicate_graph", f"{twin}, {why}", handle.key, handle.graph.name)
         return
     try:
         module = load_wrapper(source, handle.constants)
@@ -162,22 +197,26 @@ def benchmark_record(run: Any, handle: Any, track: Track, verdict: Verdict, *, s
         method=timing.method)
 
 
-def _from_cache(run: Any, handle: Any, track: Track, gate: Any) -> bool:
-    """Install a validated artifact for this exact key after re-checking it on this run's inputs."""
+def _lookup(run: Any, handle: Any, track: Track) -> tuple[Any, Any] | None:
+    """``(store, artifact)`` for an exact hit on this graph's key, else ``None`` (problems become diagnostics)."""
     try:
         from tilesmith.cache import ArtifactStore
     except ImportError:
-        return False
+        return None
     try:
         store = ArtifactStore(settings.cache_root())
         artifact = store.get(track.key)
     except Exception as exc:  # noqa: BLE001 - a broken store degrades to no caching
         run.diagnose("cache_error", f"graph {track.label}: artifact cache unreadable ({exc}); optimizing "
                      "as usual.", track.key, handle.graph.name)
-        return False
+        return None
     _forward_cache_problems(run, track, store)
-    if artifact is None:
-        return False
+    return None if artifact is None else (store, artifact)
+
+
+def _install_hit(run: Any, handle: Any, track: Track, gate: Any, hit: tuple[Any, Any]) -> bool:
+    """Install a validated artifact for this exact key after re-checking it on this run's inputs."""
+    store, artifact = hit
     candidate = Candidate(source=artifact.source, proposer="cache", note=f"artifact {track.key[:8]}")
     verdict = gate.recheck(candidate)
     if not verdict.accepted:

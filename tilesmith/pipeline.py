@@ -91,6 +91,27 @@ class LiveRun:
         self._factory = factory
         self._lock = threading.Lock()
         self.closed = False
+        self.background: list[threading.Thread] = []
+
+    # -- background re-checks (TILESMITH_CACHE_RECHECK=background) ------------------------------
+    def start_background(self, thread: threading.Thread) -> None:
+        """Start and remember a daemon thread that re-checks (and maybe installs) one graph."""
+        with self._lock:
+            self.background.append(thread)
+        thread.start()
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Wait for every background re-check started so far; True when none is still running.
+
+        ``timeout_s``: seconds in all (``None``: no limit)."""
+        import time
+
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._lock:
+            threads = list(self.background)
+        for thread in threads:
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in threads)
 
     # -- diagnostics --------------------------------------------------------------------------
     def diagnose(self, kind: str, message: str, graph_key: str | None = None,

@@ -81,6 +81,13 @@ def _progress(text: str) -> str:
     return value
 
 
+def _recheck(text: str) -> str:
+    value = text.strip().lower()
+    if value not in {"blocking", "background"}:
+        raise ValueError("expected blocking or background")
+    return value
+
+
 _SETTINGS = (
     Setting("TILESMITH_MODEL", None, _text,
             "Optimizer model when compile() gets no agent_model: a model the proxy lists, or "
@@ -132,6 +139,11 @@ _SETTINGS = (
     Setting("TILESMITH_ARTIFACT_CACHE", "1", _bool,
             "Reuse accepted wrappers from the artifact store (<root>/artifacts) and store new ones; 0 "
             "neither reads nor writes it, so every graph is optimized afresh."),
+    Setting("TILESMITH_CACHE_RECHECK", "blocking", _recheck,
+            "How an artifact-cache hit is re-checked before install: 'blocking' inside the graph's first "
+            "call (the artifact serves that call's successors at once); 'background' in a thread while the "
+            "graph keeps running on Inductor, with the reference from a trusted worker, installed when the "
+            "re-check passes (tilesmith.wait(model) waits for it). Only the first call's latency differs."),
     Setting("TILESMITH_GATE_PAIRS", "30", _positive_int,
             "Paired timing samples (baseline and candidate, order randomized per pair) in each gate phase: "
             "the first measurement and the fresh confirmation each take this many."),
