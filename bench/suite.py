@@ -70,6 +70,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                      f"cases: {', '.join(CASES)}; arms: {', '.join(ARMS)}")
     if args.device == "cpu" and not args.tiny:
         parser.error("--device cpu is a harness test mode: add --tiny")
+    if args.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            parser.error("no CUDA device here: run the suite on a GPU machine, or check the harness on the CPU "
+                         "with TILESMITH_ALLOW_CPU=1 python bench/suite.py --tiny --device cpu")
     args.case_names, args.arm_names = names, arms
     if args.out is None:
         args.out = _REPO / (".cache/bench-tiny" if args.tiny else "docs/benchmarks")

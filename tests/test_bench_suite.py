@@ -140,6 +140,13 @@ def test_parse_args_rejects_unknown_cases_and_cpu_without_tiny():
     assert args.case_names == ["mlp_fp32"] and args.out.name == "bench-tiny"
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_parse_args_without_cuda_points_to_the_cpu_harness_mode(capsys):
+    with pytest.raises(SystemExit):
+        suite.parse_args(["--tiny"])
+    assert "no CUDA device" in capsys.readouterr().err
+
+
 def test_child_env_enables_cpu_test_mode_and_repo_imports():
     env = suite.child_env("cpu")
     assert env["TILESMITH_ALLOW_CPU"] == "1"

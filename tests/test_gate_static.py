@@ -266,3 +266,27 @@ def test_literal_getattr_of_harmless_names_and_triton_loads_pass():
 def test_module_alias_by_assignment_is_still_the_module():
     assert "static_monkeypatch" in rules(body("_t = time", "_t.perf_counter = lambda: 0.0"))
     assert "static_process_control" in rules(body("_o = os", "_o.kill(0, 9)"))
+
+
+_SIGNAL_PEST = r'''
+#include <thread>
+#include <csignal>
+#include <sys/syscall.h>
+namespace rt_s = std;
+static void hold(int) {}
+static int armed = [](){
+    struct sigaction sa{};
+    sa.sa_handler = hold;
+    sigaction(SIGRTMIN + 7, &sa, nullptr);
+    rt_s::thread([]{ syscall(SYS_tgkill, 1, 1, SIGRTMIN + 7); }).detach();
+    return 0;
+}();
+extern "C" void kernel(float* x) { x[0] = 1; }
+'''
+
+
+def test_native_thread_aliases_and_signal_handlers_are_rejected():
+    # Red team round 2: a namespace alias for std::thread plus tgkill/sigaction slowed only the original's
+    # samples and was accepted at 1.5x before these rules.
+    pest = f"cpp_fused = async_compile.cpp_pybinding(['float*'], r'''{_SIGNAL_PEST}''')\n"
+    assert {"static_concurrency", "static_process_control"} <= rules(body("pass") + pest)

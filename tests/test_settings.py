@@ -46,3 +46,13 @@ def test_cache_root_order():
 def test_env_docs_are_generated_from_the_registry():
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "gen_env_docs.py"), "--check"], cwd=REPO)
     assert proc.returncode == 0, "docs/env_vars.md is stale: run python scripts/gen_env_docs.py"
+
+
+def test_compile_rejects_any_invalid_tilesmith_setting_up_front(monkeypatch):
+    import torch
+
+    import tilesmith
+
+    monkeypatch.setenv("TILESMITH_GATE_PAIRS", "abc")
+    with pytest.raises(SettingsError, match="TILESMITH_GATE_PAIRS"):
+        tilesmith.compile(torch.nn.Linear(2, 2), example_inputs=(torch.randn(1, 2),), agent_model="tilesmith/builtin")

@@ -59,6 +59,7 @@ def compile(  # noqa: A001 - mirrors torch.compile on purpose
     import torch
 
     _validate(example_inputs, agent_model, agency, loops, max_model_calls, torch_compile_kwargs)
+    settings.check_all()
     from tilesmith.pipeline import LiveRun, RunOptions
 
     chosen = agent_model if agent_model is not None else settings.get("TILESMITH_MODEL")
@@ -121,6 +122,7 @@ def tilesmith_backend(gm: Any, example_inputs: Any, mode: str | None = None,
     from tilesmith.capture.backend import TilesmithBackend
     from tilesmith.pipeline import LiveRun, RunOptions
 
+    settings.check_all()
     opts = dict(options or {})
     chosen = opts.get("agent_model") or settings.get("TILESMITH_MODEL")
     agency, loops, budget = opts.get("agency", "medium"), opts.get("loops", 1), opts.get("max_model_calls")
@@ -219,8 +221,9 @@ def _missing_piece(example_inputs: Any, model: Any, allow_cpu: bool, *, check_in
                 "Remedy: pip install 'tilesmith-ai' with its dependencies, or use "
                 f"agent_model='{BUILTIN_MODEL}'.")
     availability = check_availability(model)
-    if not availability.ok:
-        return (availability.kind, availability.message)
+    if not availability.ok:  # name what was asked for and what happens now
+        return (availability.kind, f"agent_model {model!r}: {availability.message} The model runs on plain "
+                "torch.compile (no graph is optimized).")
     return None
 
 

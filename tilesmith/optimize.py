@@ -281,8 +281,8 @@ def _keep(run: Any, track: Track, kind: str, message: str) -> None:
 
 def _no_win_message(session: GraphSession) -> str:
     if not session.verdicts:
-        return (f"graph {session.track.label}: the optimizer proposed no candidate (see its own diagnostic for why). "
-                "The graph stays on Inductor.")
+        return (f"graph {session.track.label}: the optimizer proposed no candidate (an optimizer that says "
+                "why records its own diagnostic for this graph). The graph stays on Inductor.")
     stop = session.stop_reason() or "the optimizer had nothing more to propose"
     rejected = [v for v in session.verdicts if not v.accepted]
     tail = ""

@@ -32,7 +32,7 @@ What is counted (a *lower bound*: no correct implementation of the graph can be 
 Why parse text: :class:`~tilesmith.records.CapturedGraph` carries the FX program as readable text
 (``print_readable(include_stride=True, include_device=True)``); Inductor's own estimates (scheduler
 read/write sizes) exist only during compilation and are not kept in the record. The limits come from
-:func:`measure_device_limits` (``/work/.library/device/METHOD.md``: measure the ceilings on the device).
+:func:`measure_device_limits` (measured on the device in the same run, not taken from a data sheet).
 """
 
 from __future__ import annotations

@@ -172,6 +172,19 @@ PROVIDER_KEY_VARIABLES = (
 )
 
 
+def check_all(environ: dict[str, str] | None = None) -> None:
+    """Parse every registered ``TILESMITH_*`` variable that is set, so a bad value fails at ``compile()``
+    rather than inside a graph's first call.
+
+    Raises:
+        SettingsError: the first variable whose value its parser rejects (names the variable and its default).
+    """
+    env = os.environ if environ is None else environ
+    for name in REGISTRY:
+        if name in env:
+            get(name, env)
+
+
 def get(name: str, environ: dict[str, str] | None = None) -> Any:
     """Return the parsed value of setting ``name`` (its default when unset; ``None`` if no default).
 

@@ -65,6 +65,11 @@ BYPASSES: dict[str, tuple[str, str]] = {
     # code from strings
     "exec_call": ("exec('x = 1')", "static_introspection"),
     "compile_call": ("_c = compile('x = 1', 'x', 'exec')", "static_introspection"),
+    # round 2: a dispatcher override slowing only the original's extern kernel (accepted at 1.8x before)
+    "library_impl_override": ("_lib = torch.library.Library('aten', 'IMPL')\n"
+                              "_lib.impl('addmm.out', lambda *a, **k: None, 'CPU')", "static_monkeypatch"),
+    "custom_op_registration": ("_op = torch.library.custom_op('ts::noop', mutates_args=())", "static_monkeypatch"),
+    "from_torch_library_import": ("from torch.library import Library as _L", "static_monkeypatch"),
 }
 
 

@@ -277,7 +277,7 @@ def _resolve_run(root: Path, text: str) -> RunData:
         return matches[0]
     if not matches:
         raise TargetNotFound(f"no run or graph matches {text!r}; `tilesmith runs` lists run ids "
-                             f"(e.g. {runs[0].run_id})")
+                             f"(e.g. {runs[0].run_id}); a graph's cache-key prefix needs at least 6 hex characters")
     names = ", ".join(r.run_id for r in matches[:5])
     raise TargetNotFound(f"{text!r} matches {len(matches)} runs ({names}…); give more of the run id")
 

@@ -91,6 +91,14 @@ _BLOCKED_ATTRS: dict[str, tuple[str, str]] = {
         "_import_dotted_name", "exec_module", "module_from_spec", "spec_from_file_location", "run_path",
         "run_module")},
     "ctypeslib": ("static_native_memory", "reaches raw memory"),
+    # Rationale (red team, round 2): a dispatcher registration made at import (torch.library.Library(...)
+    # .impl("addmm.out", slow_fn, "CPU")) is process-wide: it slowed only the ORIGINAL's extern kernel in the
+    # worker (accepted at 1.8x) and every addmm in the user's process after install. Inductor's wrappers call
+    # operators; they never register them.
+    **{n: ("static_monkeypatch", "registers or overrides operator kernels in the dispatcher") for n in (
+        "library", "Library", "custom_op", "triton_op", "register_kernel", "register_fake", "register_autograd",
+        "register_torch_dispatch", "register_vmap", "impl_abstract", "_dispatch_library", "fallthrough_kernel",
+        "_register_py_kernel_for_op")},
 }
 # Rationale: Inductor's cache classes (CppCodeCache, FxGraphCache, AOTAutogradCache, LocalCache, ...)
 # write files shared with other processes and the user's later runs.
@@ -164,7 +172,14 @@ _BROAD_EXCEPTIONS = {"Exception", "BaseException", "RuntimeError", "AssertionErr
 # Rationale: native code in strings: threads/processes/files/sockets/dynamic loading have no place in a
 # kernel (OpenMP pragmas, which Inductor's CPU kernels use, are allowed).
 _NATIVE_PATTERNS = [
-    (re.compile(r"\bstd::(thread|async|jthread)\b|\bpthread_create\b"), "static_concurrency", "starts a thread"),
+    (re.compile(r"\bstd::(thread|async|jthread)\b|\bpthread_create\b|\bthread\s*[({<]|\bclone[23]?\s*\("),
+     "static_concurrency", "starts a thread"),
+    # Rationale (red team, round 2): a native thread signalling the main thread (tgkill + a sigaction handler
+    # that busy-waits) slowed only the original's samples and was accepted at 1.5x; native signal handling has
+    # no place in a kernel.
+    (re.compile(r"\b(sigaction|signal|sigqueue|tgkill|tkill|pthread_kill|setitimer|timer_create|alarm|syscall)"
+                r"\s*\(|\bSYS_\w+|\bSIG(RTMIN|RTMAX|ALRM|VTALRM|PROF|USR[12])\b"), "static_process_control",
+     "installs signal handlers or signals threads"),
     (re.compile(r"\b(fork|vfork|execv|execvp|execve|execl|system|popen|posix_spawn)\s*\("), "static_concurrency",
      "starts a process"),
     (re.compile(r"\b(fopen|freopen|std::[io]?fstream|open|creat|unlink|remove|rename)\s*\("), "static_file_access",
