@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from tilesmith.gate.protocol import storage_extent
+from tilesmith.gate.protocol import overlaps as _overlaps, storage_extent
 
 VARIANTS = ("normal", "random", "zero", "high_magnitude")
 
@@ -53,11 +53,6 @@ def clone_layout(value: torch.Tensor) -> torch.Tensor:
 def _storage_tail(t: torch.Tensor) -> torch.Tensor:
     """The 1-D storage region (from the offset) a strided view reads, as a writable view."""
     return torch.as_strided(t, (storage_extent(t),), (1,), t.storage_offset())
-
-
-def _overlaps(t: torch.Tensor) -> bool:
-    check = getattr(torch._C, "_debug_has_internal_overlap", None)
-    return check is not None and int(check(t)) != 0
 
 
 def _float_moments(t: torch.Tensor) -> tuple[float, float]:

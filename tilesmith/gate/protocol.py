@@ -68,6 +68,14 @@ def storage_extent(t: torch.Tensor) -> int:
     return 1 + sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride()))
 
 
+def overlaps(t: torch.Tensor) -> bool:
+    """True when two logical elements of ``t`` share memory (a stride-0 broadcast, an overlapping view).
+    torch's ``_debug_has_internal_overlap`` answers 0 (no), 1 (yes) or 2 (too costly to tell): only a
+    definite no counts as not overlapping; a torch without the function is taken at its word (no)."""
+    check = getattr(torch._C, "_debug_has_internal_overlap", None)
+    return check is not None and int(check(t)) != 0
+
+
 def layout_of(t: torch.Tensor) -> dict[str, Any]:
     """JSON description of a tensor's metadata (no values)."""
     return {

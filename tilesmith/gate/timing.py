@@ -22,7 +22,7 @@ from tilesmith.gate.compare import compare_output
 from tilesmith.gate.inputs import apply_factors, clone_layout, timing_factors
 from tilesmith.errors import WorkerError
 from tilesmith.gate.reference import OutputTooLarge, RefResult, load_checked
-from tilesmith.gate.worker_timing import roll_finite_
+from tilesmith.gate.worker_timing import roll_finite_, static_indices
 from tilesmith.records import CheckFailure, Timing
 
 #: Target and ceiling of one sample's duration (ms). CUDA events resolve ~0.5 µs, so a ≥ 1 ms sample
@@ -93,10 +93,7 @@ def make_schedule(arms: list[str], pool: list[list[Any]], rounds: int, seed: int
     for a in range(len(arms)):
         if a != cand:
             spots += [(r, a) for r in sorted(secret.sample(range(rounds), min(SPOT_CHECKS_BASELINE, rounds)))]
-    first = pool[0] if pool else []
-    kept = tuple(sorted({int(i) for i in static if 0 <= int(i) < len(first) and isinstance(first[int(i)],
-                                                                                          torch.Tensor)}))
-    return Schedule(arms, table, spots, static=kept)
+    return Schedule(arms, table, spots, static=static_indices(static, pool[0] if pool else []))
 
 
 def set_values(values: list[Any], factors: list[float], shift: int, *, static: Any = (),

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from tilesmith.gate.protocol import CANARY_BYTE, layout_of, storage_extent
+from tilesmith.gate.protocol import CANARY_BYTE, layout_of, overlaps, storage_extent
 
 #: Guard tail after every guarded buffer: a quarter of the buffer, at least 512 bytes, at most 4 MiB.
 _GUARD_MIN, _GUARD_MAX = 512, 4 * 1024 * 1024
@@ -50,7 +50,7 @@ def flat_view(t: torch.Tensor) -> torch.Tensor:
 
 def write_values(target: torch.Tensor, value: torch.Tensor) -> None:
     """Copy ``value`` into ``target`` (same layout), also when the layout overlaps itself (stride 0)."""
-    if _no_overlap(value):
+    if not overlaps(value):
         target.copy_(value.to(target.device))
     else:
         flat_view(target).copy_(flat_view(value).to(target.device))
@@ -68,7 +68,7 @@ class GuardedTensor:
         region = self.base[: self.used].view(value.dtype)
         self.tensor = torch.as_strided(region, value.shape, value.stride(), self.offset)
         write_values(self.tensor, value)
-        self.overlapping = not _no_overlap(value)
+        self.overlapping = overlaps(value)
         self.snapshot: torch.Tensor | None = None
         self.view_before: torch.Tensor | None = None
 
@@ -98,11 +98,6 @@ class GuardedTensor:
         torch.as_strided(probe[: self.used].view(self.tensor.dtype), self.tensor.shape, self.tensor.stride(),
                          self.offset).copy_(self.view_before)
         return in_view, not torch.equal(probe, self.snapshot)
-
-
-def _no_overlap(t: torch.Tensor) -> bool:
-    check = getattr(torch._C, "_debug_has_internal_overlap", None)
-    return check is None or int(check(t)) == 0
 
 
 def _bit_equal(a: torch.Tensor, b: torch.Tensor) -> bool:

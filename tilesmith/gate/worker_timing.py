@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from tilesmith.gate.protocol import storage_extent
+from tilesmith.gate.protocol import overlaps as _overlaps, storage_extent
 from tilesmith.gate.worker_runtime import InputSet, flat_view, sync, write_values
 
 #: The worker's trusted bindings (clocks, events, ``torch.save``; see :data:`tilesmith.gate.worker_core.T`) and
@@ -82,11 +82,6 @@ def _region(t: torch.Tensor) -> torch.Tensor:
 
 def _finite(flat: torch.Tensor) -> torch.Tensor:
     return torch.isfinite(flat if flat.dtype in _FLOAT_KINDS else flat.float())
-
-
-def _overlaps(t: torch.Tensor) -> bool:
-    check = getattr(torch._C, "_debug_has_internal_overlap", None)
-    return check is not None and int(check(t)) != 0
 
 
 def roll_finite_(t: torch.Tensor, shift: int) -> None:
