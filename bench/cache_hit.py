@@ -21,14 +21,23 @@ With ``--recheck background`` the hit runs set ``TILESMITH_CACHE_RECHECK=backgro
 on Inductor while the re-check runs in a thread; the child then waits (``tilesmith.wait``) and also reports
 when the artifact was installed (``installed_after_s``, from the start of the first call).
 
+The time compared is *compile + first call*: from just before ``torch.compile(model)`` (plain) or ``import
+tilesmith; tilesmith.compile(model, ...)`` (hit) until the first call has returned (after a device
+synchronize), so both arms pay their own imports, Dynamo and Inductor's warm start. (Comparing first calls
+alone would be unfair to plain ``torch.compile``, which imports Dynamo before its first call while
+``tilesmith.compile`` defers that to the first call.) The first-call times are reported too.
+
 Plain and hit runs alternate ``--repeats`` times; the script prints the medians and the added time
 (median hit − median plain), and writes ``cache_hit.json`` to ``--out`` (default ``$OUT`` when set).
 Nothing is asserted: this is a benchmark, not a test.
 
 Models: CPU — ``tanh(x @ w)`` written as broadcast-multiply-sum (64×512·512×256), with a scripted optimizer
 that replaces Inductor's C++ reduction loop by a BLAS ``mm`` (an honest, large win the gate accepts).
-CUDA — ``examples.models.MLPBlock`` (64×1024→4096→1024 fp32, launch-bound) with a scripted optimizer that
-proposes the built-in agent's whole-call CUDA-graph rewrite (the gate decides as always).
+CUDA — six ``Linear(256, 256)`` + GELU layers on a 32×256 fp32 batch (12 short kernels per call, strongly
+launch-bound) with a scripted optimizer that proposes the built-in agent's whole-call CUDA-graph rewrite (the
+gate decides as always). The model is chosen so that the rewrite pays off clearly on any host: the benchmark
+measures what a cache hit costs, which needs an artifact to hit. (With ``examples.models.MLPBlock``, whose
+CUDA-graph gain is marginal on the H200, the seed run sometimes installed nothing: session 3, docs/h200-runs.md.)
 """
 
 from __future__ import annotations
@@ -119,11 +128,10 @@ def _model(device: str):
                 return torch.tanh((x[:, :, None] * self.w[None]).sum(1))
 
         return MulSum().eval(), torch.randn(64, 512)
-    sys.path.insert(0, str(REPO))
-    from examples.models import MLPBlock, randomize_
-
-    model = randomize_(MLPBlock()).to(device).eval()
-    return model, torch.randn(64, 1024, device=device)
+    layers = []
+    for _ in range(6):
+        layers += [torch.nn.Linear(256, 256), torch.nn.GELU()]
+    return torch.nn.Sequential(*layers).to(device).eval(), torch.randn(32, 256, device=device)
 
 
 def child(mode: str, device: str) -> None:
@@ -147,11 +155,24 @@ def child(mode: str, device: str) -> None:
         import tilesmith
 
         compiled = tilesmith.compile(model, example_inputs=(x,), agent_model=agent, loops=1)
+    profiler = None
+    if os.environ.get("TILESMITH_BENCH_PROFILE") and mode == "hit":
+        import cProfile
+
+        profiler = cProfile.Profile()
     with torch.no_grad():
         t0 = time.perf_counter()
+        if profiler is not None:
+            profiler.enable()
         compiled(x)
         sync()
         first_call_s = time.perf_counter() - t0
+        if profiler is not None:
+            import pstats
+
+            profiler.disable()
+            pstats.Stats(profiler, stream=sys.stderr).sort_stats("cumulative").print_stats(
+                r"tilesmith/|subprocess|threading|serialization|synchronize|compile_fx_inner|load_with_key", 40)
     result = {"mode": mode, "first_call_s": first_call_s, "total_s": time.perf_counter() - started}
     if mode != "plain":
         import tilesmith
@@ -171,6 +192,9 @@ def child(mode: str, device: str) -> None:
 def _spawn(mode: str, device: str, env: dict[str, str], timeout_s: float) -> dict:
     proc = subprocess.run([sys.executable, __file__, "--child", mode, "--device", device], capture_output=True,
                           text=True, env=env, cwd=REPO, timeout=timeout_s)
+    if env.get("TILESMITH_BENCH_PROFILE") and mode == "hit":
+        print("\n".join(line for line in proc.stderr.splitlines()
+                        if "function calls" in line or "cumtime" in line or ".py:" in line))
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         raise SystemExit(f"{mode} child failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
@@ -185,6 +209,8 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per child process")
     parser.add_argument("--recheck", choices=["blocking", "background"], default="blocking",
                         help="TILESMITH_CACHE_RECHECK for the hit runs (the seed run always blocks)")
+    parser.add_argument("--profile", action="store_true",
+                        help="print a cProfile of every hit run's first call (stderr of the child, to stdout)")
     parser.add_argument("--child", choices=["plain", "seed", "hit"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     device = "cuda:0" if args.device == "cuda" else args.device
@@ -206,29 +232,34 @@ def main() -> int:
             print("the seed run installed nothing, so there is no artifact to hit; nothing to measure")
             return 1
         env["TILESMITH_CACHE_RECHECK"] = args.recheck
+        if args.profile:
+            env["TILESMITH_BENCH_PROFILE"] = "1"
         _spawn("plain", device, env, args.timeout)  # warm Inductor's caches for the plain arm too (discarded)
         plain, hit = [], []
         for i in range(args.repeats):
             plain.append(_spawn("plain", device, env, args.timeout))
             hit.append(_spawn("hit", device, env, args.timeout))
-            print(f"pair {i + 1}: plain {plain[-1]['first_call_s']:.3f} s, hit {hit[-1]['first_call_s']:.3f} s "
-                  f"(installed {hit[-1]['installed_after_s']:.3f} s after the call started) "
+            print(f"pair {i + 1}: compile + first call: plain {plain[-1]['total_s']:.3f} s, hit "
+                  f"{hit[-1]['total_s']:.3f} s (first call alone {plain[-1]['first_call_s']:.3f} s, "
+                  f"{hit[-1]['first_call_s']:.3f} s; installed {hit[-1]['installed_after_s']:.3f} s after the call "
+                  "started) "
                   f"(sources {hit[-1].get('sources')}, optimizer calls {hit[-1].get('optimizer_calls')})")
     all_hits = all(h.get("sources") == ["cache"] for h in hit)
     not_optimized = all(h.get("optimizer_calls") in (0, None) for h in hit)
-    plain_s = statistics.median(p["first_call_s"] for p in plain)
-    hit_s = statistics.median(h["first_call_s"] for h in hit)
+    plain_s = statistics.median(p["total_s"] for p in plain)
+    hit_s = statistics.median(h["total_s"] for h in hit)
     added = hit_s - plain_s
+    first_added = statistics.median(h["first_call_s"] for h in hit) - statistics.median(p["first_call_s"] for p in plain)
     installed_s = statistics.median(h["installed_after_s"] for h in hit)
-    summary = {"device": device, "recheck": args.recheck, "installed_after_s": installed_s, "repeats": args.repeats, "plain_first_call_s": plain_s, "hit_first_call_s": hit_s,
-               "added_s": added, "goal_s": GOAL_S, "meets_goal": added <= GOAL_S, "every_hit_from_cache": all_hits,
+    summary = {"device": device, "recheck": args.recheck, "installed_after_s": installed_s, "repeats": args.repeats, "plain_compile_and_first_call_s": plain_s,
+               "hit_compile_and_first_call_s": hit_s, "added_s": added, "first_call_added_s": first_added, "goal_s": GOAL_S, "meets_goal": added <= GOAL_S, "every_hit_from_cache": all_hits,
                "optimizer_skipped": not_optimized, "plain": plain, "hit": hit, "seed": seed}
     print()
-    print("| device | re-check | plain first call (s) | cache-hit first call (s) | added (s) | goal (s) | "
-          "installed after (s) | all hits |")
-    print("|---|---|---|---|---|---|---|---|")
-    print(f"| {device} | {args.recheck} | {plain_s:.3f} | {hit_s:.3f} | {added:+.3f} | {GOAL_S} | {installed_s:.3f} | "
-          f"{all_hits and not_optimized} |")
+    print("| device | re-check | plain compile + first call (s) | cache hit compile + first call (s) | added (s) | "
+          "goal (s) | first call alone, added (s) | installed after (s) | all hits |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    print(f"| {device} | {args.recheck} | {plain_s:.3f} | {hit_s:.3f} | {added:+.3f} | {GOAL_S} | {first_added:+.3f} | "
+          f"{installed_s:.3f} | {all_hits and not_optimized} |")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "cache_hit.json").write_text(json.dumps(summary, indent=2))

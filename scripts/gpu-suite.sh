@@ -5,6 +5,7 @@
 #   GPU_TESTS="tests/gpu/test_gate_gpu.py" scripts/gpu-suite.sh tests              # a subset of the GPU tests
 #   BENCH_CASES=mlp_fp32,gpt2_block_bf16 BENCH_BUDGET_S=300 scripts/gpu-suite.sh bench
 #   CALIB_ARGS="--aa 200 --gain 50" scripts/gpu-suite.sh calib
+#   CACHE_RECHECK=background CACHE_REPEATS=2 scripts/gpu-suite.sh cache                # default: both modes, 3 pairs
 #
 # Results go to $OUT (the device tool's output folder) or ./gpu-out. Wheels for packages missing on the
 # machine (the LLM stack) travel in .device/whl and are installed to /tmp/site first when present; a
@@ -33,7 +34,10 @@ for part in "${parts[@]}"; do
                 tests/test_bench_suite.py tests/test_llm_profiling.py} 2>&1 | tee "$OUT/gpu-tests.log" | grep -vE "^DEBUG" ; rc=$((rc|${PIPESTATUS[0]})) ;;
     main)     "$PY" examples/main_job.py 2>&1 | tee "$OUT/main-job.log"; rc=$((rc|${PIPESTATUS[0]})) ;;
     overhead) "$PY" bench/call_overhead.py 2>&1 | tee "$OUT/call-overhead.log"; rc=$((rc|${PIPESTATUS[0]})) ;;
-    cache)    "$PY" bench/cache_hit.py --device cuda --repeats 3 2>&1 | tee "$OUT/cache-hit.log"; rc=$((rc|${PIPESTATUS[0]})) ;;
+    cache)    for mode in ${CACHE_RECHECK:-blocking background}; do
+                "$PY" bench/cache_hit.py --device cuda --repeats "${CACHE_REPEATS:-3}" --recheck "$mode" \
+                  --out "$OUT/cache-hit-$mode" 2>&1 | tee "$OUT/cache-hit-$mode.log"; rc=$((rc|${PIPESTATUS[0]}))
+              done ;;
     bench)    "$PY" bench/suite.py --out "${BENCH_OUT:-$OUT/benchmarks}" --budget-s "${BENCH_BUDGET_S:-480}" \
                 --timeout-per-case "${BENCH_CASE_TIMEOUT_S:-240}" ${BENCH_CASES:+--cases "$BENCH_CASES"} 2>&1 \
                 | tee "$OUT/bench.log"; rc=$((rc|${PIPESTATUS[0]})) ;;

@@ -145,6 +145,7 @@ CHILD_BACKGROUND = textwrap.dedent(
         "benchmarks": [{"key": r.graph_key, "source": r.source, "track": r.track_dir}
                        for r in tilesmith.benchmarks(compiled)],
         "diagnostics": [d.kind for d in tilesmith.diagnostics(compiled)],
+        "messages": [d.message for d in tilesmith.diagnostics(compiled)],
         "max_err": max(float((out - ref).abs().max()), float((again - ref).abs().max())),
     }))
     """
@@ -166,7 +167,7 @@ def test_background_recheck_returns_first_call_on_inductor_then_installs_with_a_
     second = _run(root, script)
     assert second["during"] == {"benchmarks": 0, "states": ["rechecking"], "background": 1}
     assert second["finished"] and second["states"] == ["installed"]
-    assert second["sessions"] == 0 and second["max_err"] < 1e-4
+    assert second["sessions"] == 0 and second["max_err"] < 1e-4, second["messages"]
     (hit,) = second["benchmarks"]
     assert hit["source"] == "cache" and "cache_hit" in second["diagnostics"]
     reports = [json.loads(p.read_text()) for p in (Path(hit["track"]) / "profiles").glob("*.json")]

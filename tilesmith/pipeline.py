@@ -24,7 +24,8 @@ from typing import Any
 from tilesmith import settings
 from tilesmith._compat import module_constants, versions
 from tilesmith.capture import eligibility
-from tilesmith.capture.graph import captured_graph
+from tilesmith.capture.backend import AOT_CACHE_HIT
+from tilesmith.capture.graph import captured_graph, with_real_inputs
 from tilesmith.capture.source import canonicalize, graph_name
 from tilesmith.records import BenchmarkRecord, CapturedGraph, Diagnostic
 from tilesmith.track import snapshot
@@ -56,9 +57,12 @@ class RunOptions:
 class GraphHandle:
     """Live state of one eligible graph: Inductor's compiled object and its original callable."""
 
-    def __init__(self, compiled: Any, graph: CapturedGraph, key: str, constants: dict[str, Any]):
+    def __init__(self, compiled: Any, graph: CapturedGraph, key: str, constants: dict[str, Any],
+                 inner_kwargs: dict[str, Any] | None = None):
         self.compiled = compiled
         self.graph = graph
+        self.inner_kwargs = inner_kwargs
+        """Set only while ``graph.inputs`` waits for the first real call (an AOTAutograd cache hit)."""
         self.key = key
         self.constants = constants
         self.original = compiled.current_callable
@@ -143,7 +147,9 @@ class LiveRun:
             return
         graph = captured_graph(compiled, fx_program, example_inputs, kwargs,
                                compile_mode=self.options.compile_mode)
-        handle = GraphHandle(compiled, graph, key or "", module_constants(compiled))
+        from_cache = bool(kwargs.get(AOT_CACHE_HIT))
+        handle = GraphHandle(compiled, graph, key or "", module_constants(compiled),
+                             inner_kwargs=dict(kwargs) if from_cache else None)
         compiled._tilesmith_handle = handle
         with self._lock:
             self.handles.append(handle)
@@ -156,6 +162,9 @@ class LiveRun:
                     return handle.compiled.current_callable(args)
                 handle.state = "optimizing"
                 handle.compiled.current_callable = handle.original
+                if handle.inner_kwargs is not None:
+                    handle.graph = with_real_inputs(handle.graph, args, handle.inner_kwargs)
+                    handle.inner_kwargs = None
                 copies = [snapshot.copy_input(a) for a in args]
                 outputs = handle.original(args)
                 try:

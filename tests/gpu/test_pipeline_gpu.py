@@ -134,3 +134,32 @@ def test_ineligible_cuda_graphs_stay_on_inductor(isolated, case):
     print(f"[{case}] {kinds}")
     assert kind in kinds
     assert not _tracks(isolated)
+
+
+def test_aot_cache_hit_graph_is_seen_and_installed_on_cuda(isolated):
+    """The second compile of the MLP block is an AOTAutograd cache hit (no inner_compile call): Tilesmith still
+    sees the graph through its post_compile hook, takes its input specs from the first real call and installs
+    the gate-approved CUDA-graph rewrite."""
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    model, x = _mlp().eval(), torch.randn(64, 1024, device="cuda")
+    with torch.no_grad():
+        tilesmith.compile(model, example_inputs=(x,), agent_model=ScriptedFactory())(x)  # fills the AOT cache
+    torch._dynamo.reset()
+    before = int(counters["aot_autograd"]["autograd_cache_hit"])
+    compiled = tilesmith.compile(model, example_inputs=(x,), agent_model=ScriptedFactory(edits=[cudagraph_edit]),
+                                 loops=1)
+    with torch.no_grad():
+        out = compiled(x)
+        again = compiled(x)
+        ref = model(x)
+    assert int(counters["aot_autograd"]["autograd_cache_hit"]) > before
+    torch.testing.assert_close(out, ref, rtol=2e-3, atol=2e-3)
+    torch.testing.assert_close(again, ref, rtol=2e-3, atol=2e-3)
+    _print(compiled, "aot-hit")
+    tracks = _tracks(isolated)
+    assert tracks and tracks[-1]["status"] in ("installed", "kept_inductor")
+    kinds = [d.kind for d in tilesmith.diagnostics(compiled)]
+    assert tilesmith.benchmarks(compiled) or kinds, "the graph was seen: installed or diagnosed"
+    assert "internal_error" not in kinds

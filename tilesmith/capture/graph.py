@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+from tilesmith.capture.backend import AOT_CACHE_HIT
 from tilesmith.capture.source import canonicalize, graph_name
 from tilesmith.records import CapturedGraph, GraphKind, InputSpec, ScalarSpec, TensorSpec
 
 
 def captured_graph(compiled: Any, fx_program: str, example_inputs: Any, kwargs: dict[str, Any],
                    *, compile_mode: str | None = None) -> CapturedGraph:
-    """Describe an eligible ``CompiledFxGraph`` (checked by :mod:`tilesmith.capture.eligibility` first)."""
+    """Describe an eligible ``CompiledFxGraph`` (checked by :mod:`tilesmith.capture.eligibility` first).
+
+    For a graph an AOTAutograd cache hit loaded (``kwargs[AOT_CACHE_HIT]``), ``example_inputs`` are not the
+    graph's own inputs: the record then has ``inputs=()`` and ``static_input_idxs=()`` until
+    :func:`with_real_inputs` fills them from the graph's first real call.
+    """
     source = str(compiled.source_code)
     kind = graph_kind(kwargs)
     name = graph_name(source) or f"{kwargs.get('graph_id', '?')}_{kind}"
@@ -22,7 +29,7 @@ def captured_graph(compiled: Any, fx_program: str, example_inputs: Any, kwargs: 
     strides = tuple(None if s is None else tuple(str(x) for x in s)
                     for s in (getattr(compiled, "output_strides", None) or ()))
     constants = getattr(compiled, "constants", None) or {}
-    inputs = tuple(input_spec(x) for x in example_inputs)
+    inputs = () if kwargs.get(AOT_CACHE_HIT) else tuple(input_spec(x) for x in example_inputs)
     return CapturedGraph(
         name=name,
         kind=kind,
@@ -39,6 +46,16 @@ def captured_graph(compiled: Any, fx_program: str, example_inputs: Any, kwargs: 
         constant_names=tuple(sorted(str(k) for k in constants)),
         static_input_idxs=static_inputs(kwargs, inputs),
     )
+
+
+def with_real_inputs(graph: CapturedGraph, args: Any, kwargs: dict[str, Any]) -> CapturedGraph:
+    """``graph`` with ``inputs`` (and ``static_input_idxs``) taken from the tensors and scalars of a real call.
+
+    For static-shape graphs (the only eligible ones) Dynamo guards sizes, strides and dtypes, so a real call's
+    specs equal the fake example inputs' ``inner_compile`` would have seen; the storage offset is the real one.
+    """
+    inputs = tuple(input_spec(x) for x in args)
+    return dataclasses.replace(graph, inputs=inputs, static_input_idxs=static_inputs(kwargs, inputs))
 
 
 def static_inputs(kwargs: dict[str, Any], inputs: tuple[InputSpec, ...] | list[Any]) -> tuple[int, ...]:

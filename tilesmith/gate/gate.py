@@ -217,12 +217,15 @@ class Gate:
             raise
         return worker
 
-    def _take_worker(self) -> WorkerProcess:
-        """A started, initialized worker that has never imported any candidate; starts the next spare."""
+    def _take_worker(self, *, spare: bool = True) -> WorkerProcess:
+        """A started, initialized worker that has never imported any candidate; with ``spare``, also starts the
+        next one (for the confirmation or the next evaluation). A cache re-check is one phase and usually the
+        gate's last: it starts no spare, which would compete with the re-check for the CPU and be waited for
+        before timing (``_quiesce``); a later phase then starts its worker on demand."""
         for attempt in range(2):
-            spare = self._spare
-            worker = spare if spare is not None and spare.alive() else self._start_worker("candidate")
-            self._spare = self._start_worker("candidate")
+            ready = self._spare
+            worker = ready if ready is not None and ready.alive() else self._start_worker("candidate")
+            self._spare = self._start_worker("candidate") if spare else None
             try:
                 self._ready(worker, "a fresh gate worker")
                 return worker
@@ -260,8 +263,9 @@ class Gate:
                            max_sample_ms=self.max_sample_ms, quiesce=self._quiesce,
                            static_input_idxs=self.problem.static_input_idxs)
 
-    def _phase(self, name: str, candidate: Candidate, incumbent: Candidate | None, eval_id: str) -> PhaseResult:
-        worker = self._take_worker()
+    def _phase(self, name: str, candidate: Candidate, incumbent: Candidate | None, eval_id: str, *,
+               spare: bool = True) -> PhaseResult:
+        worker = self._take_worker(spare=spare)
         return run_phase(name, worker, candidate_source=candidate.source,
                          incumbent_source=incumbent.source if incumbent is not None else None,
                          base=self.base_inputs, reference=self.reference, scale=self.scale, cfg=self._config(),
@@ -288,7 +292,7 @@ class Gate:
 
     def _decide(self, candidate: Candidate, incumbent: Candidate | None, recheck: bool, eval_id: str,
                 phases: list[PhaseResult]) -> Verdict:
-        first = self._phase("measurement", candidate, incumbent, eval_id)
+        first = self._phase("measurement", candidate, incumbent, eval_id, spare=not recheck)
         phases.append(first)
         if first.failures:
             return self._reject(status_for(first.failures), first.failures, None, None, "measurement")
