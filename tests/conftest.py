@@ -17,3 +17,18 @@ for _name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY", "GOOGLE_A
               "VERTEX_API_KEY", "OPENROUTER_API_KEY", "TILESMITH_API_KEY", "TILESMITH_API_BASE_URL",
               "TILESMITH_MODEL", "LANGSMITH_TRACING", "LANGCHAIN_TRACING_V2"):
     os.environ.pop(_name, None)
+
+
+import pytest  # noqa: E402 - after the environment above, which must be set before anything imports torch
+
+
+@pytest.fixture
+def cpu_test_mode(tmp_path, monkeypatch):
+    """Tilesmith's CPU test mode with a private cache root (yielded) and a fresh Dynamo before and after."""
+    import torch
+
+    monkeypatch.setenv("TILESMITH_CACHE_DIR", str(tmp_path / "ts"))
+    monkeypatch.setenv("TILESMITH_ALLOW_CPU", "1")
+    torch._dynamo.reset()
+    yield tmp_path / "ts"
+    torch._dynamo.reset()

@@ -9,6 +9,7 @@ such a graph must equal the one ``inner_compile`` would have given: same key, ki
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,12 +21,8 @@ from tilesmith.capture.backend import AOT_CACHE_HIT, install_post_compile_hook
 
 
 @pytest.fixture(autouse=True)
-def test_mode(tmp_path, monkeypatch):
-    monkeypatch.setenv("TILESMITH_CACHE_DIR", str(tmp_path / "ts"))
-    monkeypatch.setenv("TILESMITH_ALLOW_CPU", "1")
-    torch._dynamo.reset()
-    yield tmp_path / "ts"
-    torch._dynamo.reset()
+def test_mode(cpu_test_mode):
+    return cpu_test_mode
 
 
 def _aot_hits() -> int:
@@ -91,8 +88,8 @@ def test_aot_cache_hit_graph_is_optimized_and_installed(test_mode):
     (record,) = tilesmith.benchmarks(compiled)
     assert record.source == "optimizer" and record.speedup > 1.0
     assert seen and seen[0].startswith("# ---- FX program")
-    track = json.loads((test_mode.glob("runs/*/*/track.json").__next__()).read_text())
-    assert track["status"] == "installed"
+    track = json.loads((Path(record.track_dir) / "track.json").read_text())
+    assert track["status"] == "installed" and track["kind"] == "inference"
 
 
 def test_outside_a_tilesmith_compile_the_hook_reports_nothing(test_mode):

@@ -12,12 +12,8 @@ from tilesmith.capture.eligibility import refusal
 
 
 @pytest.fixture(autouse=True)
-def test_mode(tmp_path, monkeypatch):
-    monkeypatch.setenv("TILESMITH_CACHE_DIR", str(tmp_path / "ts"))
-    monkeypatch.setenv("TILESMITH_ALLOW_CPU", "1")
-    torch._dynamo.reset()
-    yield tmp_path / "ts"
-    torch._dynamo.reset()
+def test_mode(cpu_test_mode):
+    return cpu_test_mode
 
 
 def _kinds(compiled):
