@@ -3,7 +3,8 @@
 Tilesmith keeps the AOTAutograd cache on (a warm start is then as fast as plain ``torch.compile``'s) and sees
 those graphs through its ``CompiledFxGraph.post_compile`` hook (tilesmith/capture/backend.py). The record of
 such a graph must equal the one ``inner_compile`` would have given: same key, kind, name, source, input specs
-(taken from the first real call) and static inputs.
+(taken from the first real call) and static inputs. (Its FX text is Inductor's stored post-grad graph instead of
+the graph before Inductor's passes.)
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def _train_step(model, x, *, aot_cache: bool):
     from tilesmith.api import _run_of
 
     handles = _run_of(compiled).handles
+    assert len(handles) == 2 and handles[0].compiled is not handles[1].compiled, "each graph reported once"
     return {h.graph.kind: h for h in handles}
 
 
@@ -103,11 +105,41 @@ def test_outside_a_tilesmith_compile_the_hook_reports_nothing(test_mode):
         tilesmith.compile(model, example_inputs=(x,), agent_model=ScriptedFactory())(x)
     torch._dynamo.reset()
     original_report = backend._Call.report
+    before = _aot_hits()
     try:
         backend._Call.report = lambda self, *a: calls.append(a)  # type: ignore[method-assign]
         with torch.no_grad():
             torch.compile(model)(x)
     finally:
         backend._Call.report = original_report  # type: ignore[method-assign]
+    assert _aot_hits() > before, "plain torch.compile must have loaded the graph from the AOTAutograd cache"
     assert calls == []
-    assert AOT_CACHE_HIT == "tilesmith_aot_cache_hit"
+
+
+def test_bundled_aot_cache_entry_is_still_saved_with_tilesmith(test_mode):
+    """AOTAutograd's bundled cache pickles the CompiledFxGraph itself: nothing Tilesmith attaches may break that."""
+    from torch._dynamo.utils import counters
+
+    model, x = TwoLayer(d=48, h=80).eval(), torch.randn(5, 48)  # shapes no other test compiles: a cold entry
+    before = int(counters["aot_autograd"]["autograd_cache_saved"])
+    with torch._functorch.config.patch(bundled_autograd_cache=True), torch.no_grad():
+        compiled = tilesmith.compile(model, example_inputs=(x,), agent_model=ScriptedFactory())
+        torch.testing.assert_close(compiled(x), model(x))
+    assert int(counters["aot_autograd"]["autograd_cache_saved"]) > before
+    assert [d.kind for d in tilesmith.diagnostics(compiled)] == ["no_improvement"]
+
+
+def test_aot_cache_hit_graph_with_a_scalar_input_stays_on_inductor(test_mode):
+    """The cache-hit path cannot tell a symbolic scalar input from a static one: such a graph is not optimized."""
+    from tilesmith.pipeline import GraphHandle, LiveRun
+
+    run = LiveRun.__new__(LiveRun)
+    diagnosed = []
+    run.diagnose = lambda kind, message, *a: diagnosed.append((kind, message))  # type: ignore[method-assign]
+    graph = type("G", (), {"name": "0_backward"})()
+    handle = GraphHandle.__new__(GraphHandle)
+    handle.graph, handle.key, handle.inner_kwargs, handle.state = graph, "ab" * 32, {AOT_CACHE_HIT: True}, "pending"
+    assert LiveRun._inputs_from_call(run, handle, [torch.zeros(2), 7]) is False
+    assert handle.state == "kept_inductor" and handle.inner_kwargs is None
+    ((kind, message),) = diagnosed
+    assert kind == "dynamic_shapes" and "[1]" in message and "abababab" in message

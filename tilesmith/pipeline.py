@@ -150,7 +150,7 @@ class LiveRun:
         from_cache = bool(kwargs.get(AOT_CACHE_HIT))
         handle = GraphHandle(compiled, graph, key or "", module_constants(compiled),
                              inner_kwargs=dict(kwargs) if from_cache else None)
-        compiled._tilesmith_handle = handle
+        eligibility.claim(compiled)
         with self._lock:
             self.handles.append(handle)
         compiled.current_callable = self._trampoline(handle)
@@ -162,9 +162,8 @@ class LiveRun:
                     return handle.compiled.current_callable(args)
                 handle.state = "optimizing"
                 handle.compiled.current_callable = handle.original
-                if handle.inner_kwargs is not None:
-                    handle.graph = with_real_inputs(handle.graph, args, handle.inner_kwargs)
-                    handle.inner_kwargs = None
+                if handle.inner_kwargs is not None and not self._inputs_from_call(handle, args):
+                    return handle.original(args)
                 copies = [snapshot.copy_input(a) for a in args]
                 outputs = handle.original(args)
                 try:
@@ -181,6 +180,32 @@ class LiveRun:
 
         first_call._boxed_call = True  # type: ignore[attr-defined]
         return first_call
+
+    def _inputs_from_call(self, handle: GraphHandle, args: list[Any]) -> bool:
+        """Record the input specs of a graph an AOTAutograd cache hit loaded, from its first real call.
+
+        Returns False (graph kept on Inductor, with a diagnostic) when a real argument is not a tensor: a static
+        graph has tensor inputs only, and the cache-hit path cannot see whether a scalar was symbolic (e.g. an
+        unbacked SymInt a backward graph receives), which ``inner_compile``'s fake inputs would have shown.
+        """
+        import torch
+
+        kwargs, handle.inner_kwargs = handle.inner_kwargs, None
+        scalars = [i for i, a in enumerate(args) if not isinstance(a, torch.Tensor)]
+        try:
+            if not scalars:
+                handle.graph = with_real_inputs(handle.graph, args, kwargs or {})
+                return True
+            kind, why = "dynamic_shapes", (f"inputs {scalars} are not tensors (symbolic sizes or scalars); "
+                                           "Tilesmith optimizes static-shape graphs only. Remedy: compile with "
+                                           "dynamic=False, or avoid data-dependent sizes (.item()) in this region.")
+        except Exception as exc:  # noqa: BLE001 - never break the user's call
+            kind, why = "internal_error", (f"its input specs could not be read ({type(exc).__name__}: {exc}). "
+                                           "Please report this with the run folder.")
+        handle.state = "kept_inductor"
+        self.diagnose(kind, f"graph {handle.label} (loaded from the AOTAutograd cache): {why} It stays on "
+                      "Inductor.", handle.key, handle.graph.name)
+        return False
 
     # -- the pipeline -------------------------------------------------------------------------
     def optimize(self, handle: GraphHandle, inputs: list[Any]) -> None:

@@ -55,7 +55,8 @@ class CapturedGraph:
     source: str
     canonical_source: str
     fx_program: str
-    """Readable FX graph (with shapes, strides and devices) as it reached Inductor, before its passes."""
+    """Readable FX graph (with shapes, strides and devices) as it reached Inductor, before its passes; for a
+    graph an AOTAutograd cache hit loaded, Inductor's stored graph after its post-grad passes."""
     inputs: tuple[InputSpec, ...]
     output_strides: tuple[tuple[str, ...] | None, ...]
     """Inductor's ``output_strides`` (stride expressions as text); ``None`` for non-tensor outputs."""

@@ -30,8 +30,10 @@ log = logging.getLogger("tilesmith")
 TILESMITH_OPTION_KEYS = ("agent_model", "agency", "loops", "max_model_calls")
 
 #: Set (``True``) in the kwargs the sink gets for a graph an AOTAutograd cache hit loaded: there was no
-#: ``inner_compile`` call, ``fx_program`` is Inductor's stored graph text and ``example_inputs`` are
-#: AOTAutograd's arguments (for a backward graph, the forward's), not the graph's own inputs.
+#: ``inner_compile`` call, ``fx_program`` is Inductor's stored graph text *after* its post-grad passes (the
+#: ``inner_compile`` path prints the graph before them, so the agent's header and the roofline floor read a
+#: slightly different graph on a warm start) and ``example_inputs`` are AOTAutograd's arguments (for a backward
+#: graph, the forward's), not the graph's own inputs.
 AOT_CACHE_HIT = "tilesmith_aot_cache_hit"
 
 GraphSink = Callable[[Any, str, Any, dict[str, Any]], None]
@@ -44,12 +46,12 @@ class _Call:
     def __init__(self, sink: GraphSink):
         self.sink = sink
         self.inner_depth = 0
-        self.reported: set[int] = set()
+        self.reported: list[Any] = []  # the objects themselves: an id could be reused once one is freed
 
     def report(self, compiled: Any, fx_program: str, example_inputs: Any, kwargs: dict[str, Any]) -> None:
-        if id(compiled) in self.reported:
+        if any(seen is compiled for seen in self.reported):
             return
-        self.reported.add(id(compiled))
+        self.reported.append(compiled)
         try:
             self.sink(compiled, fx_program, example_inputs, kwargs)
         except Exception:  # noqa: BLE001 - observing must never break the user's compile
@@ -136,7 +138,10 @@ def install_post_compile_hook() -> bool:
             result = original(self, *args, **kwargs)
             call = _ACTIVE.get()
             if call is not None and call.inner_depth == 0:
-                _report_cache_hit(call, self, args, kwargs)
+                try:
+                    _report_cache_hit(call, self, args, kwargs)
+                except Exception:  # noqa: BLE001 - observing must never break the user's compile
+                    log.exception("tilesmith: capture of an AOTAutograd cache hit failed; it stays on Inductor")
             return result
 
         post_compile._tilesmith_hook = True  # type: ignore[attr-defined]

@@ -9,7 +9,9 @@ kind                when
 empty_graph         Inductor returned a plain function (the graph has no calls to compile)
 already_wrapped     AOTInductor, ``cpp_wrapper``, CUDA graphs / ``reduce-overhead``, or a wrapper
                     Tilesmith already replaced
-dynamic_shapes      a SymInt/symbolic size among the inputs, or Inductor recorded shape guards
+dynamic_shapes      a SymInt/symbolic size among the inputs, or Inductor recorded shape guards (for a
+                    graph an AOTAutograd cache hit loaded: also any non-tensor input at its first
+                    call, see ``LiveRun._inputs_from_call``)
 mixed_devices       more than one device type in one graph
 multiple_gpus       more than one CUDA device index in one graph
 input_mutation      the graph mutates its inputs (``mutated_input_idxs`` non-empty)
@@ -22,11 +24,32 @@ Detection follows research/inductor.md §3 (all fields read with ``getattr`` def
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from tilesmith.capture.source import is_tilesmith_source
 
 _PROGRAM = "tilesmith.compile"
+
+#: ``id(compiled) → weakref`` of every ``CompiledFxGraph`` a run has taken over. Kept outside the object: an
+#: attribute on it would travel into AOTAutograd's bundled cache entry (``pre_save`` copies the object) and make
+#: that entry unpicklable.
+_CLAIMED: dict[int, weakref.ref[Any]] = {}
+
+
+def claim(compiled: Any) -> None:
+    """Mark ``compiled`` as taken over by a Tilesmith run (so it is never captured twice)."""
+    key = id(compiled)
+    try:
+        _CLAIMED[key] = weakref.ref(compiled, lambda _ref, k=key: _CLAIMED.pop(k, None))
+    except TypeError:  # not weak-referenceable: remember it for the life of the process
+        _CLAIMED[key] = lambda compiled=compiled: compiled  # type: ignore[assignment]
+
+
+def claimed(compiled: Any) -> bool:
+    """Whether :func:`claim` was called on this very object."""
+    ref = _CLAIMED.get(id(compiled))
+    return ref is not None and ref() is compiled
 
 
 def refusal(compiled: Any, example_inputs: Any, kwargs: dict[str, Any], *, allow_cpu: bool,
@@ -92,7 +115,7 @@ def _wrapped_reason(compiled: Any, source: str, kwargs: dict[str, Any]) -> str |
         return "AOTInductor"
     if bool(kwargs.get("cudagraphs")) or getattr(compiled, "cudagraph_info", None) is not None:
         return "CUDA graphs (mode='reduce-overhead' or triton.cudagraphs)"
-    if is_tilesmith_source(source) or getattr(compiled, "_tilesmith_handle", None) is not None:
+    if is_tilesmith_source(source) or claimed(compiled):
         return "a wrapper Tilesmith already replaced"
     return None
 
