@@ -43,6 +43,10 @@ def optimize_graph(run: Any, handle: Any, track: Track, inputs: list[Any]) -> No
             thread = threading.Thread(target=_stages, args=(run, handle, track, snap, hit, True), daemon=True,
                                       name=f"tilesmith-recheck-{track.key[:8]}")
             handle.state = "rechecking"
+            run.diagnose("cache_rechecking", f"graph {track.label}: found validated artifact {track.key[:12]}; "
+                         "re-checking it in the background (TILESMITH_CACHE_RECHECK=background). The graph runs "
+                         "on Inductor until the re-check installs it; tilesmith.wait(model) waits for that.",
+                         track.key, handle.graph.name)
             run.start_background(thread)  # the thread owns the snapshot from here on
             snap = None
             return
@@ -74,7 +78,7 @@ def _stages(run: Any, handle: Any, track: Track, snap: Any, hit: Any, background
                     min_improvement=run.options.min_improvement, profiles_dir=track.profiles)
         if progress:
             progress.graph_started(label)
-        if hit is not None and _install_hit(run, handle, track, gate, hit):
+        if hit is not None and _install_hit(run, handle, track, gate, hit, background):
             outcome = "cache hit installed"
         else:
             outcome = _run_optimizer(run, handle, track, gate, progress)
@@ -214,7 +218,8 @@ def _lookup(run: Any, handle: Any, track: Track) -> tuple[Any, Any] | None:
     return None if artifact is None else (store, artifact)
 
 
-def _install_hit(run: Any, handle: Any, track: Track, gate: Any, hit: tuple[Any, Any]) -> bool:
+def _install_hit(run: Any, handle: Any, track: Track, gate: Any, hit: tuple[Any, Any],
+                 background: bool = False) -> bool:
     """Install a validated artifact for this exact key after re-checking it on this run's inputs."""
     store, artifact = hit
     candidate = Candidate(source=artifact.source, proposer="cache", note=f"artifact {track.key[:8]}")
@@ -230,8 +235,10 @@ def _install_hit(run: Any, handle: Any, track: Track, gate: Any, hit: tuple[Any,
         verdict = _verdict_from_artifact(verdict, artifact)
     record = install(run, handle, track, candidate, verdict, source="cache", loops=0)
     if record is not None:
+        how = ("in the background, against a trusted worker's reference" if background
+               else "before this graph's first call returned")
         run.diagnose("cache_hit", f"graph {track.label}: installed validated artifact {track.key[:12]} "
-                     f"without running the optimizer (re-checked on this run's inputs).", track.key,
+                     f"without running the optimizer (re-checked on this run's inputs {how}).", track.key,
                      handle.graph.name)
     return record is not None
 
