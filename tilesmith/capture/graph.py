@@ -53,6 +53,15 @@ def with_real_inputs(graph: CapturedGraph, args: Any, kwargs: dict[str, Any]) ->
 
     For static-shape graphs (the only eligible ones) Dynamo guards sizes, strides and dtypes, so a real call's
     specs equal the fake example inputs' ``inner_compile`` would have seen; the storage offset is the real one.
+
+    Args:
+        graph: the record built by :func:`captured_graph` for an AOTAutograd cache hit (``inputs=()``).
+        args: the graph's real arguments, in ``call(args)`` order (tensors of any shape/dtype/device, or numbers).
+        kwargs: the kwargs the capture hook reported (Inductor's stored ``fx_kwargs``; ``static_input_idxs``).
+
+    Raises:
+        TypeError: an argument is neither a tensor nor convertible to ``int`` (the caller,
+            ``LiveRun._inputs_from_call``, accepts tensor-only argument lists and catches the rest).
     """
     inputs = tuple(input_spec(x) for x in args)
     return dataclasses.replace(graph, inputs=inputs, static_input_idxs=static_inputs(kwargs, inputs))
