@@ -120,7 +120,10 @@ def test_bundled_aot_cache_entry_is_still_saved_with_tilesmith(test_mode):
     """AOTAutograd's bundled cache pickles the CompiledFxGraph itself: nothing Tilesmith attaches may break that."""
     from torch._dynamo.utils import counters
 
-    model, x = TwoLayer(d=48, h=80).eval(), torch.randn(5, 48)  # shapes no other test compiles: a cold entry
+    import secrets
+
+    # A hidden size no other test (or earlier run sharing this Inductor cache) compiled: a cold entry to save.
+    model, x = TwoLayer(d=48, h=80 + secrets.randbelow(4000)).eval(), torch.randn(5, 48)
     before = int(counters["aot_autograd"]["autograd_cache_saved"])
     with torch._functorch.config.patch(bundled_autograd_cache=True), torch.no_grad():
         compiled = tilesmith.compile(model, example_inputs=(x,), agent_model=ScriptedFactory())
