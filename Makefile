@@ -9,10 +9,9 @@ STAMP  := $(VENV)/.tilesmith-installed
 install: $(STAMP)
 
 # torch 2.11.0 is pinned for development and CI only (constraints/dev.txt): users keep their own torch.
-$(STAMP): pyproject.toml constraints/dev.txt
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints/dev.txt torch -e '.[dev]'
+# scripts/install-dev.sh installs the CUDA wheels one at a time to keep the disk peak low.
+$(STAMP): pyproject.toml constraints/dev.txt scripts/install-dev.sh
+	scripts/install-dev.sh $(PYTHON) $(VENV)
 	touch $(STAMP)
 
 demo: install
