@@ -5,6 +5,7 @@ Usage::
     python bench/cache_hit.py                     # CPU test mode (TILESMITH_ALLOW_CPU=1), scripted optimizer
     python bench/cache_hit.py --device cuda       # on a GPU, proposing the built-in CUDA-graph rewrite
     python bench/cache_hit.py --device cuda --repeats 5 --out results/
+    python bench/cache_hit.py --device cuda --recheck background --profile   # where the added time goes
 
 Method (every measurement is a fresh Python process, so nothing is shared in memory):
 
@@ -134,6 +135,68 @@ def _model(device: str):
     return torch.nn.Sequential(*layers).to(device).eval(), torch.randn(32, 256, device=device)
 
 
+class StallSampler:
+    """Diagnostic for ``--profile``: a thread that wakes every 5 ms while the first call runs. A wake-up late by
+    more than 30 ms means another thread held the GIL (or the process was descheduled) that long; each such stall
+    is recorded with the innermost frames of every thread right after it (whoever held the GIL is usually still
+    in or just past that call)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.stalls: list[dict] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-stall-sampler", daemon=True)
+
+    def start(self) -> None:
+        self.t0 = time.perf_counter()
+        self._thread.start()
+
+    def stop(self) -> list[dict]:
+        self._stop.set()
+        self._thread.join()
+        return sorted(self.stalls, key=lambda s: -s["gap_s"])[:8]
+
+    def _run(self) -> None:
+        import threading
+        import traceback
+
+        last = time.perf_counter()
+        while not self._stop.wait(0.005):
+            now = time.perf_counter()
+            if now - last > 0.035:
+                names = {t.ident: t.name for t in threading.enumerate()}
+                frames = {names.get(ident, str(ident)): [f"{f.filename.rsplit('/', 2)[-1]}:{f.lineno} {f.name}"
+                                                         for f in traceback.extract_stack(frame)[-4:]]
+                          for ident, frame in sys._current_frames().items() if ident != threading.get_ident()}
+                self.stalls.append({"at_s": round(last - self.t0, 3), "gap_s": round(now - last - 0.005, 3),
+                                    "threads": frames})
+            last = now
+
+
+def _instrument_recheck(result: dict) -> None:
+    """Diagnostic for ``--profile``/``--recheck-delay``: wrap the re-check thread's body to report when it
+    started (from the first call's start), its wall and CPU time (``time.thread_time``), and optionally hold
+    it back ``TILESMITH_BENCH_RECHECK_DELAY`` seconds (to test whether its work slows the first call)."""
+    import tilesmith.optimize as optimize
+
+    inner, delay = optimize._stages, float(os.environ.get("TILESMITH_BENCH_RECHECK_DELAY") or 0)
+
+    def stages(*args, **kwargs):
+        if not args[-1]:  # blocking re-check: runs inside the first call, nothing to instrument
+            return inner(*args, **kwargs)
+        time.sleep(delay)
+        start, cpu0 = time.perf_counter(), time.thread_time()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            result["recheck_thread"] = {"started_s": round(start - result["_t0"], 3), "delay_s": delay,
+                                        "wall_s": round(time.perf_counter() - start, 3),
+                                        "cpu_s": round(time.thread_time() - cpu0, 3)}
+
+    optimize._stages = stages
+
+
 def child(mode: str, device: str) -> None:
     import torch
 
@@ -148,32 +211,36 @@ def child(mode: str, device: str) -> None:
     factory = MMFactory() if device == "cpu" else CudaGraphFactory()
     agent = factory
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    profile_dir = os.environ.get("TILESMITH_BENCH_PROFILE")
+    profiler = sampler = None
+    result: dict = {"mode": mode}
+    if profile_dir and mode != "seed":
+        import cProfile
+
+        profiler, sampler = cProfile.Profile(), StallSampler()
+        profiler.enable()
     started = time.perf_counter()
     if mode == "plain":
         compiled = torch.compile(model)
     else:
         import tilesmith
 
+        _instrument_recheck(result)
         compiled = tilesmith.compile(model, example_inputs=(x,), agent_model=agent, loops=1)
-    profiler = None
-    if os.environ.get("TILESMITH_BENCH_PROFILE") and mode == "hit":
-        import cProfile
-
-        profiler = cProfile.Profile()
     with torch.no_grad():
-        t0 = time.perf_counter()
-        if profiler is not None:
-            profiler.enable()
+        t0 = result["_t0"] = time.perf_counter()
+        if sampler is not None:
+            sampler.start()
         compiled(x)
         sync()
         first_call_s = time.perf_counter() - t0
-        if profiler is not None:
-            import pstats
-
-            profiler.disable()
-            pstats.Stats(profiler, stream=sys.stderr).sort_stats("cumulative").print_stats(
-                r"tilesmith/|subprocess|threading|serialization|synchronize|compile_fx_inner|load_with_key", 40)
-    result = {"mode": mode, "first_call_s": first_call_s, "total_s": time.perf_counter() - started}
+    result.update(first_call_s=first_call_s, total_s=time.perf_counter() - started)
+    if profiler is not None:
+        profiler.disable()
+        result["stalls"] = sampler.stop()
+        path = Path(profile_dir) / f"{mode}-{os.getpid()}.prof"
+        profiler.dump_stats(path)
+        result["profile"] = str(path)
     if mode != "plain":
         import tilesmith
 
@@ -184,6 +251,7 @@ def child(mode: str, device: str) -> None:
         result["speedups"] = [r.speedup for r in tilesmith.benchmarks(compiled)]
         result["diagnostics"] = [d.kind for d in tilesmith.diagnostics(compiled)]
         result["optimizer_calls"] = factory.calls if factory is not None else None
+    result.pop("_t0", None)
     print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -192,9 +260,6 @@ def child(mode: str, device: str) -> None:
 def _spawn(mode: str, device: str, env: dict[str, str], timeout_s: float) -> dict:
     proc = subprocess.run([sys.executable, __file__, "--child", mode, "--device", device], capture_output=True,
                           text=True, env=env, cwd=REPO, timeout=timeout_s)
-    if env.get("TILESMITH_BENCH_PROFILE") and mode == "hit":
-        print("\n".join(line for line in proc.stderr.splitlines()
-                        if "function calls" in line or "cumtime" in line or ".py:" in line))
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         raise SystemExit(f"{mode} child failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
@@ -210,7 +275,11 @@ def main() -> int:
     parser.add_argument("--recheck", choices=["blocking", "background"], default="blocking",
                         help="TILESMITH_CACHE_RECHECK for the hit runs (the seed run always blocks)")
     parser.add_argument("--profile", action="store_true",
-                        help="print a cProfile of every hit run's first call (stderr of the child, to stdout)")
+                        help="diagnostics: a cProfile of every plain and hit run's compile + first call, saved as "
+                             "<out>/profiles/<mode>-<pid>.prof; GIL stalls of the first call and the background "
+                             "re-check thread's start, wall and CPU time in the results")
+    parser.add_argument("--recheck-delay", type=float, default=0.0,
+                        help="diagnostics: hold the background re-check thread back this many seconds")
     parser.add_argument("--child", choices=["plain", "seed", "hit"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     device = "cuda:0" if args.device == "cuda" else args.device
@@ -233,7 +302,11 @@ def main() -> int:
             return 1
         env["TILESMITH_CACHE_RECHECK"] = args.recheck
         if args.profile:
-            env["TILESMITH_BENCH_PROFILE"] = "1"
+            profiles = (args.out or Path(tmp)) / "profiles"
+            profiles.mkdir(parents=True, exist_ok=True)
+            env["TILESMITH_BENCH_PROFILE"] = str(profiles)
+        if args.recheck_delay:
+            env["TILESMITH_BENCH_RECHECK_DELAY"] = str(args.recheck_delay)
         _spawn("plain", device, env, args.timeout)  # warm Inductor's caches for the plain arm too (discarded)
         plain, hit = [], []
         for i in range(args.repeats):
@@ -244,6 +317,11 @@ def main() -> int:
                   f"{hit[-1]['first_call_s']:.3f} s; installed {hit[-1]['installed_after_s']:.3f} s after the call "
                   "started) "
                   f"(sources {hit[-1].get('sources')}, optimizer calls {hit[-1].get('optimizer_calls')})")
+            for name, run in (("plain", plain[-1]), ("hit", hit[-1])):
+                if "recheck_thread" in run:
+                    print(f"  {name} re-check thread: {run['recheck_thread']}")
+                for stall in run.get("stalls", [])[:3]:
+                    print(f"  {name} GIL stall {stall['gap_s']:.3f} s at {stall['at_s']:.3f} s: {stall['threads']}")
     all_hits = all(h.get("sources") == ["cache"] for h in hit)
     not_optimized = all(h.get("optimizer_calls") in (0, None) for h in hit)
     plain_s = statistics.median(p["total_s"] for p in plain)

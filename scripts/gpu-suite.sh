@@ -6,6 +6,7 @@
 #   BENCH_CASES=mlp_fp32,gpt2_block_bf16 BENCH_BUDGET_S=300 scripts/gpu-suite.sh bench
 #   CALIB_ARGS="--aa 200 --gain 50" scripts/gpu-suite.sh calib
 #   CACHE_RECHECK=background CACHE_REPEATS=2 scripts/gpu-suite.sh cache                # default: both modes, 3 pairs
+#   CACHE_RECHECK=background CACHE_ARGS="--profile" scripts/gpu-suite.sh cache         # extra bench/cache_hit.py args
 #
 # Results go to $OUT (the device tool's output folder) or ./gpu-out. Wheels for packages missing on the
 # machine (the LLM stack) travel in .device/whl and are installed to /tmp/site first when present; a
@@ -36,7 +37,7 @@ for part in "${parts[@]}"; do
     overhead) "$PY" bench/call_overhead.py 2>&1 | tee "$OUT/call-overhead.log"; rc=$((rc|${PIPESTATUS[0]})) ;;
     cache)    for mode in ${CACHE_RECHECK:-blocking background}; do
                 "$PY" bench/cache_hit.py --device cuda --repeats "${CACHE_REPEATS:-3}" --recheck "$mode" \
-                  --out "$OUT/cache-hit-$mode" 2>&1 | tee "$OUT/cache-hit-$mode.log"; rc=$((rc|${PIPESTATUS[0]}))
+                  --out "$OUT/cache-hit-$mode${CACHE_TAG:-}" ${CACHE_ARGS:-} 2>&1 | tee "$OUT/cache-hit-$mode${CACHE_TAG:-}.log"; rc=$((rc|${PIPESTATUS[0]}))
               done ;;
     bench)    "$PY" bench/suite.py --out "${BENCH_OUT:-$OUT/benchmarks}" --budget-s "${BENCH_BUDGET_S:-480}" \
                 --timeout-per-case "${BENCH_CASE_TIMEOUT_S:-240}" ${BENCH_CASES:+--cases "$BENCH_CASES"} 2>&1 \

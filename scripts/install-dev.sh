@@ -4,11 +4,11 @@
 #
 #   scripts/install-dev.sh [PYTHON] [VENV]        # defaults: python3 .venv
 #
-# Disk: PyPI's torch 2.11.0 wheel is the CUDA build; with its nvidia-* wheels it is ~3 GB of downloads
-# and ~5 GB installed. One `pip install torch` downloads every wheel before it installs any, and pip's
-# cache keeps a further copy of each; that single call failed on a CI machine with
-# "[Errno 28] No space left on device". Here the CUDA wheels go in one pip call each, with no pip cache,
-# so the peak is the install plus the largest single wheel.
+# Disk: PyPI's torch 2.11.0 wheel is the CUDA build; with its nvidia-* wheels it is ~5 GB installed. One
+# `pip install torch` call downloads every wheel before it installs any (and pip's cache keeps a copy of each);
+# that single call failed on a CI machine with "[Errno 28] No space left on device". Here the CUDA wheels go
+# in one pip call each, with no pip cache, so the peak is the install plus the largest single wheel
+# (measured in a fresh-clone .ci/run, df every 5 s: 5.6 GB at the peak, 5.1 GB after).
 set -euo pipefail
 PYTHON="${1:-python3}"
 VENV="${2:-.venv}"
