@@ -250,6 +250,7 @@ def child(mode: str, device: str) -> None:
         result["sources"] = [r.source for r in tilesmith.benchmarks(compiled)]
         result["speedups"] = [r.speedup for r in tilesmith.benchmarks(compiled)]
         result["diagnostics"] = [d.kind for d in tilesmith.diagnostics(compiled)]
+        result["messages"] = [d.message[:600] for d in tilesmith.diagnostics(compiled)]
         result["optimizer_calls"] = factory.calls if factory is not None else None
     result.pop("_t0", None)
     print("RESULT " + json.dumps(result), flush=True)

@@ -50,6 +50,10 @@ def compile(  # noqa: A001 - mirrors torch.compile on purpose
     Returns:
         The ``torch.compile`` callable: same call signature, same outputs, works with ``.backward()``.
 
+    Side effect: when a graph may be eligible (CUDA already initialized in this process, or CPU test mode) it
+    starts one gate worker process at once (``TILESMITH_PRESTART_WORKER``, :mod:`tilesmith.gate.standby`), so
+    that the worker's torch import overlaps with Dynamo's compile; the first gate adopts it.
+
     Raises:
         TypeError: an argument has the wrong type (message names the allowed types).
         ValueError: ``agency`` not in low/medium/high, ``loops`` < 1, negative ``max_model_calls``, or a
@@ -80,6 +84,10 @@ def compile(  # noqa: A001 - mirrors torch.compile on purpose
         from tilesmith.capture.backend import TilesmithBackend
 
         compiled = torch.compile(model, backend=TilesmithBackend(run.on_compiled), **torch_compile_kwargs)
+        if allow_cpu or torch.cuda.is_initialized():  # a graph may be eligible; CUDA state is left as it is
+            from tilesmith.gate import standby
+
+            standby.prestart()  # its torch import overlaps with Dynamo's compile at the first call
     _register(compiled, run)
     return compiled
 

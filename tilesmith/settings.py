@@ -144,6 +144,10 @@ _SETTINGS = (
             "call (the artifact serves that call's successors at once); 'background' in a thread while the "
             "graph keeps running on Inductor, with the reference from a trusted worker, installed when the "
             "re-check passes (tilesmith.wait(model) waits for it). Only the first call's latency differs."),
+    Setting("TILESMITH_PRESTART_WORKER", "1", _bool,
+            "Start one gate worker at tilesmith.compile() (when a graph may be eligible: a CUDA device, or "
+            "CPU test mode) so that its Python start and torch import overlap with compilation; the first "
+            "gate adopts it. 0: gate workers start only when a gate needs one."),
     Setting("TILESMITH_GATE_PAIRS", "30", _positive_int,
             "Paired timing samples (baseline and candidate, order randomized per pair) in each gate phase: "
             "the first measurement and the fresh confirmation each take this many."),

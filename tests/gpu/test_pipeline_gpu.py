@@ -63,16 +63,28 @@ def _print(compiled, label):
         print(f"[{label}] diagnostic {d.kind}: {d.message[:300]}")
 
 
-def test_scripted_optimizer_installs_faster_wrapper_for_mlp_block(isolated):
-    model = _mlp().eval()
-    x = torch.randn(64, 1024, device="cuda")
+def _launch_bound():
+    """Six Linear(256, 256) + GELU layers on a 32×256 batch: 12 short kernels per call, so the whole-call CUDA
+    graph pays off on any host (bench/cache_hit.py's CUDA model; installed at 3.2–3.7× on the H200 in
+    session 3). The MLP block of :func:`_mlp` is not used here: its CUDA-graph gain is marginal on the H200
+    (rejected at 0.976× [0.958, 1.020] in session 3), and this test is about the install path, not that gain."""
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(6):
+        layers += [torch.nn.Linear(256, 256), torch.nn.GELU()]
+    return torch.nn.Sequential(*layers).cuda()
+
+
+def test_scripted_optimizer_installs_faster_wrapper_for_launch_bound_mlp(isolated):
+    model = _launch_bound().eval()
+    x = torch.randn(32, 256, device="cuda")
     compiled = tilesmith.compile(model, example_inputs=(x,), agent_model=ScriptedFactory(edits=[cudagraph_edit]))
     with torch.no_grad():
         out = compiled(x)
         torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-4)
-        x2 = torch.randn(64, 1024, device="cuda")
+        x2 = torch.randn(32, 256, device="cuda")
         torch.testing.assert_close(compiled(x2), model(x2), rtol=1e-4, atol=1e-4)
-    _print(compiled, "mlp_infer")
+    _print(compiled, "launch_bound_infer")
     (record,) = tilesmith.benchmarks(compiled)
     assert record.speedup > 1.02 and record.tilesmith_ms < record.torch_inductor_ms
     assert record.method == "cuda_event"

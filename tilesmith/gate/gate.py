@@ -43,7 +43,7 @@ import torch
 from tilesmith import settings
 from tilesmith.errors import WorkerError
 from tilesmith.gate import report as reports
-from tilesmith.gate import stats, torchstate
+from tilesmith.gate import standby, stats, torchstate
 from tilesmith.gate.compare import TOLERANCES
 from tilesmith.gate.phase import HighScale, PhaseConfig, PhaseResult, run_phase, status_for
 from tilesmith.gate.problem import GateProblem
@@ -178,7 +178,11 @@ class Gate:
         if not self._finalizer.alive:
             raise WorkerError(f"{self.label}: the gate is closed")
         self._workers[:] = [w for w in self._workers if w.alive()]
-        worker = WorkerProcess(Path(self.dir), label=f"{self.label} {role} worker", template=self._template)
+        label = f"{self.label} {role} worker"
+        # Before a cache template exists (the gate's first worker), a worker started ahead of need may be taken.
+        worker = standby.adopt(label) if self._template is None else None
+        if worker is None:
+            worker = WorkerProcess(Path(self.dir), label=label, template=self._template)
         self._workers.append(worker)
         worker.init_rid = worker.send(  # type: ignore[attr-defined]
             "init", device=str(self.device), flags=self.flags,
@@ -236,7 +240,9 @@ class Gate:
         raise AssertionError("unreachable")
 
     def _quiesce(self) -> None:
-        """Wait until the spare worker has finished starting, so it does not compete with timing samples."""
+        """Wait until the spare worker (and a standby worker, :mod:`tilesmith.gate.standby`) has finished
+        starting, so it does not compete with timing samples."""
+        standby.settle(self.start_timeout_s)
         spare = self._spare
         if spare is None or getattr(spare, "init_answer", None) is not None:
             return

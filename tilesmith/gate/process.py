@@ -269,6 +269,8 @@ class WorkerProcess:
         self.ready_info: dict[str, Any] | None = None
         self.saw: set[str] = set()
         """Sources (by SHA-256) this worker has imported; a confirmation needs one that saw none of them."""
+        self.extra_dirs: tuple[Path, ...] = ()
+        """Folders removed with this worker besides its own (a standby worker's parent folder)."""
         self.proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
             [sys.executable, "-P", "-m", "tilesmith.gate.worker"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, cwd=self.dir,
@@ -318,6 +320,8 @@ class WorkerProcess:
         except OSError:
             pass
         shutil.rmtree(self.dir, ignore_errors=True)
+        for extra in self.extra_dirs:
+            shutil.rmtree(extra, ignore_errors=True)
 
     def log_tail(self, limit: int = 3000) -> str:
         try:

@@ -1,0 +1,96 @@
+"""The standby gate worker (tilesmith.gate.standby): started by tilesmith.compile(), adopted by the first gate,
+never adopted with a stale environment, never given a secret, gone with its folder afterwards (CPU)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import tilesmith
+from tilesmith.gate import standby
+
+
+@pytest.fixture
+def prestart_on(monkeypatch):
+    monkeypatch.setenv("TILESMITH_PRESTART_WORKER", "1")
+    standby.discard()
+    yield
+    standby.discard()
+
+
+def _waiting():
+    return standby._standby  # (worker, environment, parent folder) or None
+
+
+def _gone(worker, parent: Path) -> bool:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (worker.alive() or parent.exists()):
+        time.sleep(0.05)
+    return not worker.alive() and not parent.exists()
+
+
+def test_prestart_is_off_with_the_setting(monkeypatch):
+    monkeypatch.setenv("TILESMITH_PRESTART_WORKER", "0")
+    standby.discard()
+    assert standby.prestart() is False and _waiting() is None
+
+
+def test_one_standby_per_process_adopted_once_and_removed_with_its_worker(prestart_on):
+    assert standby.prestart() is True
+    worker, _, parent = _waiting()
+    assert standby.prestart() is True and _waiting()[0] is worker  # at most one waits
+    assert parent.is_dir() and worker.dir.parent == parent and oct(parent.stat().st_mode & 0o777) == "0o700"
+    adopted = standby.adopt("deadbeef (0_inference) candidate worker")
+    assert adopted is worker and _waiting() is None and standby.adopt("x") is None
+    assert adopted.label.startswith("deadbeef (0_inference) candidate worker#")
+    assert adopted.wait_ready(120)["type"] == "ready"  # the same protocol greeting a gate's own worker sends
+    adopted.kill()
+    assert _gone(worker, parent)
+
+
+def test_a_changed_environment_starts_a_fresh_worker_instead(prestart_on, monkeypatch):
+    standby.prestart()
+    worker, _, parent = _waiting()
+    monkeypatch.setenv("TORCHINDUCTOR_MAX_AUTOTUNE", "1")  # would change what the worker compiles
+    assert standby.adopt("graph worker") is None and _waiting() is None
+    assert _gone(worker, parent)
+
+
+def test_the_standby_gets_the_workers_environment_without_secrets(prestart_on, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-standby-secret-0123456789")
+    monkeypatch.setenv("MY_SERVICE_TOKEN", "tok-standby-secret-abcdef")
+    standby.prestart()
+    worker = _waiting()[0]
+    environ = Path(f"/proc/{worker.pid}/environ").read_bytes()
+    assert b"standby-secret" not in environ
+    assert b"TORCHINDUCTOR_CACHE_DIR=" + str(worker.dir).encode() in environ  # its private caches
+
+
+def test_compile_starts_the_standby_and_the_first_gate_adopts_it(prestart_on, cpu_test_mode, monkeypatch):
+    from tests.models import MulSum, has_mulsum_loop, mm_instead_of_loop
+    from tests.scripted import ScriptedFactory, comment
+
+    adopted = []
+    real_adopt = standby.adopt
+
+    def spy(label):
+        worker = real_adopt(label)
+        adopted.append((label, worker))
+        return worker
+
+    monkeypatch.setattr(standby, "adopt", spy)
+    torch.manual_seed(0)
+    model, x = MulSum().eval(), torch.randn(64, 512)
+    factory = ScriptedFactory(edits=[lambda t: mm_instead_of_loop(t) if has_mulsum_loop(t) else comment("noop")(t)])
+    compiled = tilesmith.compile(model, example_inputs=(x,), agent_model=factory)
+    waiting = _waiting()
+    assert waiting is not None, "tilesmith.compile() in CPU test mode did not start a standby worker"
+    pid, parent = waiting[0].pid, waiting[2]
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    assert [w.pid for _, w in adopted if w is not None] == [pid], adopted  # adopted once: the first worker
+    assert len(factory.sessions) == 1 and factory.verdicts, "the gate did not evaluate the candidate"
+    assert _gone(waiting[0], parent)  # the gate closed after the graph's stages: worker and folder gone
