@@ -3,6 +3,7 @@ never adopted with a stale environment, never given a secret, gone with its fold
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -94,3 +95,19 @@ def test_compile_starts_the_standby_and_the_first_gate_adopts_it(prestart_on, cp
     assert [w.pid for _, w in adopted if w is not None] == [pid], adopted  # adopted once: the first worker
     assert len(factory.sessions) == 1 and factory.verdicts, "the gate did not evaluate the candidate"
     assert _gone(waiting[0], parent)  # the gate closed after the graph's stages: worker and folder gone
+
+
+def test_a_forked_child_leaves_its_parents_standby_alone(prestart_on):
+    standby.prestart()
+    worker = _waiting()[0]
+    pid = os.fork()
+    if pid == 0:  # the child: an exit through atexit-like cleanup must not kill the parent's worker
+        try:
+            standby.discard()
+            code = 0 if standby.adopt("x") is None else 1
+        except BaseException:  # noqa: BLE001
+            code = 2
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert worker.alive() and _waiting()[0] is worker

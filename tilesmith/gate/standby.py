@@ -35,6 +35,7 @@ compared with what is left of the run; an old process would hold memory for noth
 
 _LOCK = threading.Lock()
 _standby: tuple[object, dict[str, str], Path] | None = None  # (WorkerProcess, its environment, parent folder)
+_owner_pid = 0  # the process that started it: a forked child never adopts or kills its parent's standby
 _atexit_registered = False
 
 
@@ -43,12 +44,13 @@ def prestart() -> bool:
 
     Returns whether a standby worker is waiting after the call.
     """
-    global _standby, _atexit_registered
+    global _standby, _owner_pid, _atexit_registered
     if not settings.get("TILESMITH_PRESTART_WORKER"):
         return False
     from tilesmith.gate.process import WorkerProcess, worker_environment
 
     with _LOCK:
+        _forget_if_forked()
         if _standby is not None and _usable(_standby[0]):
             return True
         _discard_locked()
@@ -62,7 +64,7 @@ def prestart() -> bool:
             if parent is not None:
                 shutil.rmtree(parent, ignore_errors=True)
             return False
-        _standby = (worker, environ, parent)
+        _standby, _owner_pid = (worker, environ, parent), os.getpid()
         if not _atexit_registered:
             atexit.register(discard)
             _atexit_registered = True
@@ -77,6 +79,7 @@ def adopt(label: str) -> object | None:
     from tilesmith.gate.process import worker_environment
 
     with _LOCK:
+        _forget_if_forked()
         if _standby is None:
             return None
         worker, environ, parent = _standby
@@ -94,6 +97,7 @@ def settle(timeout_s: float) -> None:
     torch import does not compete with a gate's timing samples (another ``tilesmith.compile()`` may have
     started it while a gate of an earlier one runs). A standby that fails to start is discarded."""
     with _LOCK:
+        _forget_if_forked()
         if _standby is None or _standby[0].ready_info is not None:  # type: ignore[attr-defined]
             return
         try:
@@ -105,7 +109,16 @@ def settle(timeout_s: float) -> None:
 def discard() -> None:
     """Kill the waiting standby worker, if any (at exit, and in tests)."""
     with _LOCK:
+        _forget_if_forked()
         _discard_locked()
+
+
+def _forget_if_forked() -> None:
+    """In a child forked from the process that started the standby, drop it without touching it (the
+    parent still owns that worker and its pipes)."""
+    global _standby
+    if _standby is not None and _owner_pid != os.getpid():
+        _standby = None
 
 
 def _comparable(environ: dict[str, str]) -> dict[str, str]:
