@@ -36,7 +36,7 @@ def test_isa_probes_are_found_by_content_and_copied(tmp_path, monkeypatch):
         if built:
             (shared / sub / f"{stem}.so").write_bytes(b"\x7fELF")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(shared))
-    found = process._isa_probe_files.__wrapped__()
+    found = process._scan_isa_probe_files()
     assert found == (("ab", "cabprobe.cpp"), ("ab", "cabprobe.so"))
     monkeypatch.setattr(process, "_isa_probe_files", lambda: found)
     worker_dir = tmp_path / "w"

@@ -23,7 +23,8 @@ def prestart_on(monkeypatch):
 
 
 def _waiting():
-    return standby._standby  # (worker, environment, parent folder) or None
+    """(worker, parent folder) of the waiting standby worker, or None."""
+    return None if standby._standby is None else (standby._standby, standby._parent)
 
 
 def _gone(worker, parent: Path) -> bool:
@@ -41,7 +42,7 @@ def test_prestart_is_off_with_the_setting(monkeypatch):
 
 def test_one_standby_per_process_adopted_once_and_removed_with_its_worker(prestart_on):
     assert standby.prestart() is True
-    worker, _, parent = _waiting()
+    worker, parent = _waiting()
     assert standby.prestart() is True and _waiting()[0] is worker  # at most one waits
     assert parent.is_dir() and worker.dir.parent == parent and oct(parent.stat().st_mode & 0o777) == "0o700"
     adopted = standby.adopt("deadbeef (0_inference) candidate worker")
@@ -52,22 +53,62 @@ def test_one_standby_per_process_adopted_once_and_removed_with_its_worker(presta
     assert _gone(worker, parent)
 
 
-def test_a_changed_environment_starts_a_fresh_worker_instead(prestart_on, monkeypatch):
+def test_a_changed_environment_is_never_adopted_and_prestart_replaces_the_worker(prestart_on, monkeypatch):
     standby.prestart()
-    worker, _, parent = _waiting()
+    worker, parent = _waiting()
     monkeypatch.setenv("TORCHINDUCTOR_MAX_AUTOTUNE", "1")  # would change what the worker compiles
-    assert standby.adopt("graph worker") is None and _waiting() is None
+    assert standby.prestart() is True
+    fresh, fresh_parent = _waiting()
+    assert fresh is not worker and b"TORCHINDUCTOR_MAX_AUTOTUNE=1" in _environ(fresh)
     assert _gone(worker, parent)
+    monkeypatch.setenv("TORCHINDUCTOR_MAX_AUTOTUNE", "0")
+    assert standby.adopt("graph worker") is None and _waiting() is None
+    assert _gone(fresh, fresh_parent)
 
 
-def test_the_standby_gets_the_workers_environment_without_secrets(prestart_on, monkeypatch):
+def test_variables_torch_sets_while_compiling_do_not_block_adoption(prestart_on, monkeypatch):
+    standby.prestart()
+    worker = _waiting()[0]
+    for name in ("TRITON_PTXAS_PATH", "CUBLAS_WORKSPACE_CONFIG", "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"):
+        monkeypatch.setenv(name, "set-by-torch-after-the-standby-started")
+    assert standby.adopt("graph worker") is worker
+    worker.kill()
+
+
+def _environ(worker) -> bytes:
+    return Path(f"/proc/{worker.pid}/environ").read_bytes()
+
+
+def test_the_standby_gets_exactly_a_gate_workers_environment_without_secrets(prestart_on, monkeypatch):
+    from tilesmith.gate.process import private_environment, worker_environment
+
     monkeypatch.setenv("OPENAI_API_KEY", "sk-standby-secret-0123456789")
     monkeypatch.setenv("MY_SERVICE_TOKEN", "tok-standby-secret-abcdef")
     standby.prestart()
     worker = _waiting()[0]
-    environ = Path(f"/proc/{worker.pid}/environ").read_bytes()
-    assert b"standby-secret" not in environ
-    assert b"TORCHINDUCTOR_CACHE_DIR=" + str(worker.dir).encode() in environ  # its private caches
+    raw = _environ(worker)
+    assert b"standby-secret" not in raw
+    started = dict(item.split("=", 1) for item in raw.decode().split("\0") if "=" in item)
+    assert started == {**worker_environment(), **private_environment(worker.dir)}
+
+
+def test_a_standby_adopted_long_after_it_started_gets_the_full_start_timeout(prestart_on):
+    standby.prestart()
+    worker = _waiting()[0]
+    worker.started -= 200  # older than the 180 s start timeout, younger than MAX_IDLE_S
+    adopted = standby.adopt("graph worker")
+    assert adopted is worker and adopted.wait_ready(180)["type"] == "ready"
+    adopted.kill()
+
+
+def test_settle_waits_for_the_greeting_and_keeps_the_standby_waiting(prestart_on):
+    standby.prestart()
+    worker = _waiting()[0]
+    assert worker.ready_info is None
+    standby.settle(180)
+    assert worker.ready_info is not None and _waiting()[0] is worker
+    assert standby.adopt("graph worker") is worker
+    worker.kill()
 
 
 def test_compile_starts_the_standby_and_the_first_gate_adopts_it(prestart_on, cpu_test_mode, monkeypatch):
@@ -89,7 +130,7 @@ def test_compile_starts_the_standby_and_the_first_gate_adopts_it(prestart_on, cp
     compiled = tilesmith.compile(model, example_inputs=(x,), agent_model=factory)
     waiting = _waiting()
     assert waiting is not None, "tilesmith.compile() in CPU test mode did not start a standby worker"
-    pid, parent = waiting[0].pid, waiting[2]
+    pid, parent = waiting[0].pid, waiting[1]
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
     assert [w.pid for _, w in adopted if w is not None] == [pid], adopted  # adopted once: the first worker

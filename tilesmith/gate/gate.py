@@ -177,6 +177,8 @@ class Gate:
     def _start_worker(self, role: str) -> WorkerProcess:
         if not self._finalizer.alive:
             raise WorkerError(f"{self.label}: the gate is closed")
+        for dead in [w for w in self._workers if not w.alive()]:
+            dead.kill()  # reaps it and removes its folder(s), also outside the gate's (an adopted standby's)
         self._workers[:] = [w for w in self._workers if w.alive()]
         label = f"{self.label} {role} worker"
         # Before a cache template exists (the gate's first worker), a worker started ahead of need may be taken.

@@ -15,7 +15,6 @@ lines are read here, and tensors are read elsewhere with ``torch.load(weights_on
 
 from __future__ import annotations
 
-import functools
 import itertools
 import os
 import re
@@ -109,14 +108,26 @@ def private_environment(worker_dir: Path) -> dict[str, str]:
     return env
 
 
-@functools.cache
+_ISA_PROBES: tuple[tuple[str, str], ...] = ()
+
+
 def _isa_probe_files() -> tuple[tuple[str, str], ...]:
+    """:func:`_scan_isa_probe_files`, remembered once it has found some (an empty answer is not kept: a worker
+    started before this process's first C++ compile, e.g. the standby worker, must not stop later ones from
+    being seeded)."""
+    global _ISA_PROBES
+    if not _ISA_PROBES:
+        _ISA_PROBES = _scan_isa_probe_files()
+    return _ISA_PROBES
+
+
+def _scan_isa_probe_files() -> tuple[tuple[str, str], ...]:
     """``(relative dir, file name)`` of the CPU vector-ISA probe sources and libraries in this process's
     Inductor cache. torch 2.11 writes each probe as ``<cache>/<key[1:3]>/<key>.cpp`` and builds
     ``<key>.so`` next to it (``cpu_vec_isa.VecISA.check_build``; the key also hashes compile flags that
     some ISAs change on the fly), so the probes are found by content: small ``.cpp`` files whose text is
-    one of the ``VecISA`` classes' ``*_code`` strings, with a built ``.so``. Computed once per process;
-    empty when torch has no such probes or none was built here."""
+    one of the ``VecISA`` classes' ``*_code`` strings, with a built ``.so``. Empty when torch has no such
+    probes or none was built here."""
     found: list[tuple[str, str]] = []
     try:
         from torch._inductor import codecache, cpu_vec_isa
@@ -271,11 +282,12 @@ class WorkerProcess:
         """Sources (by SHA-256) this worker has imported; a confirmation needs one that saw none of them."""
         self.extra_dirs: tuple[Path, ...] = ()
         """Folders removed with this worker besides its own (a standby worker's parent folder)."""
+        self.environ = {**worker_environment(environ), **private_environment(self.dir)}
+        """The exact environment the process started with."""
         self.proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
             [sys.executable, "-P", "-m", "tilesmith.gate.worker"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, cwd=self.dir,
-            env={**worker_environment(environ), **private_environment(self.dir)}, start_new_session=True,
-            close_fds=True,
+            env=self.environ, start_new_session=True, close_fds=True,
         )
         self._out_fd = self.proc.stdout.fileno()  # type: ignore[union-attr]
 

@@ -11,99 +11,126 @@ at once; the first gate that needs a worker before it has a cache template takes
 instead of starting one, by which time Dynamo and Inductor have run and the import is partly or wholly
 done. The worker is exactly what the gate would start (same command, same environment, its own private
 0700 folder and caches); it has received no request before it is adopted. At most one waits per process.
-It is only adopted while the environment a new worker would get is the one it got, up to the folders
-every worker gets its own of (so a changed environment, e.g. a setting that affects compilation, starts a
-fresh worker), and it is killed at exit or
-after :data:`MAX_IDLE_S` unused. ``TILESMITH_PRESTART_WORKER=0`` turns this off.
+It is only adopted while the environment a new worker would get is the one it got, up to the folders every
+worker gets its own of and the variables torch sets in this process while compiling (:func:`comparable`), so
+a changed environment, e.g. a setting that affects compilation, starts a fresh worker. It is killed at exit,
+or by a timer after :data:`MAX_IDLE_S` unused; a forked child never touches it. ``TILESMITH_PRESTART_WORKER=0``
+turns this off.
 """
 
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import shutil
 import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from tilesmith import settings
 
 MAX_IDLE_S = 900.0
-"""A standby worker older than this (seconds) is killed instead of adopted (a fresh start is then cheap
-compared with what is left of the run; an old process would hold memory for nothing)."""
+"""A standby worker unused this long (seconds) is killed by a timer (it would hold memory for nothing; a fresh
+start is cheap compared with a run that has not called its model for 15 minutes)."""
 
+#: Variables torch itself sets in this process while it compiles (torch 2.11: ``cache_dir_utils.py``
+#: TORCHINDUCTOR_CACHE_DIR, ``triton_heuristics.py`` TRITON_CACHE_DIR, ``compile_tasks.py`` TRITON_PTXAS_PATH,
+#: ``cpp_builder.py`` CUDA_HOME and KMP_DUPLICATE_LIB_OK, ``async_compile.py`` TORCH_WARM_POOL,
+#: ``fx_passes/numeric_utils.py`` CUBLAS_WORKSPACE_CONFIG, ``codecache.py`` _TORCHINDUCTOR_*): a worker's own
+#: torch sets them again where it needs them, so they do not make a standby worker differ from a fresh one.
+SET_BY_TORCH = frozenset({"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TRITON_PTXAS_PATH", "CUDA_HOME",
+                          "KMP_DUPLICATE_LIB_OK", "TORCH_WARM_POOL", "CUBLAS_WORKSPACE_CONFIG"})
+
+log = logging.getLogger("tilesmith")
 _LOCK = threading.Lock()
-_standby: tuple[object, dict[str, str], Path] | None = None  # (WorkerProcess, its environment, parent folder)
+_standby: Any = None  # the waiting WorkerProcess, or None
+_parent: Path | None = None  # its parent folder (removed with it)
+_timer: threading.Timer | None = None  # kills it after MAX_IDLE_S
 _owner_pid = 0  # the process that started it: a forked child never adopts or kills its parent's standby
 _atexit_registered = False
 
 
 def prestart() -> bool:
-    """Start the standby worker unless one is waiting or ``TILESMITH_PRESTART_WORKER=0``; never raises.
+    """Start the standby worker unless a usable one is waiting or ``TILESMITH_PRESTART_WORKER=0``; never raises.
 
-    Returns whether a standby worker is waiting after the call.
+    A waiting one whose environment no longer matches is replaced. Returns whether one is waiting afterwards.
     """
-    global _standby, _owner_pid, _atexit_registered
+    global _standby, _parent, _owner_pid, _timer, _atexit_registered
     if not settings.get("TILESMITH_PRESTART_WORKER"):
         return False
-    from tilesmith.gate.process import WorkerProcess, worker_environment
+    from tilesmith.gate.process import WorkerProcess
 
     with _LOCK:
         _forget_if_forked()
-        if _standby is not None and _usable(_standby[0]):
+        if _standby is not None and _matches_locked():
             return True
         _discard_locked()
         parent = None
         try:
             parent = Path(tempfile.mkdtemp(prefix="tilesmith-standby-"))
             os.chmod(parent, 0o700)
-            environ = _comparable(worker_environment())
             worker = WorkerProcess(parent, label="standby worker")
         except Exception:  # noqa: BLE001 - no standby: the gate starts its workers as before
             if parent is not None:
                 shutil.rmtree(parent, ignore_errors=True)
             return False
-        _standby, _owner_pid = (worker, environ, parent), os.getpid()
+        _standby, _parent, _owner_pid = worker, parent, os.getpid()
+        _timer = threading.Timer(MAX_IDLE_S, _expire, args=(worker,))
+        _timer.daemon = True
+        _timer.start()
         if not _atexit_registered:
             atexit.register(discard)
             _atexit_registered = True
         return True
 
 
-def adopt(label: str) -> object | None:
-    """The waiting standby worker, relabelled ``label``, or ``None`` (none waiting, it died, it is older than
-    :data:`MAX_IDLE_S`, or the worker environment changed since it started). The caller owns the worker
-    (``kill()`` removes its folder); the standby's parent folder is removed once the worker is gone."""
-    global _standby
-    from tilesmith.gate.process import worker_environment
-
+def adopt(label: str) -> Any:
+    """The waiting standby worker, relabelled ``label``, or ``None`` (none waiting, it died, or the environment
+    a fresh worker would get differs from its own beyond :func:`comparable`). The caller owns the worker
+    (``kill()`` also removes the standby's parent folder). The start deadline is counted from adoption: a
+    worker that waited long before its first use is not a worker that was slow to start."""
+    global _standby, _parent
     with _LOCK:
         _forget_if_forked()
         if _standby is None:
             return None
-        worker, environ, parent = _standby
-        if not _usable(worker) or _comparable(worker_environment()) != environ:
+        if not _matches_locked():
             _discard_locked()
             return None
-        _standby = None
-    worker.label = f"{label}#{worker.label.rsplit('#', 1)[-1]}"  # type: ignore[attr-defined]
-    worker.extra_dirs = (parent,)  # type: ignore[attr-defined]
+        worker, parent = _standby, _parent
+        _standby = _parent = None
+        _cancel_timer()
+    worker.label = f"{label}#{worker.label.rsplit('#', 1)[-1]}"
+    worker.extra_dirs = (parent,)
+    worker.started = time.monotonic()
     return worker
 
 
 def settle(timeout_s: float) -> None:
     """Wait (at most ``timeout_s`` seconds) until a waiting standby worker has finished starting, so that its
     torch import does not compete with a gate's timing samples (another ``tilesmith.compile()`` may have
-    started it while a gate of an earlier one runs). A standby that fails to start is discarded."""
+    started it while a gate of an earlier one runs). The worker is taken out of the slot while it is waited
+    for (no lock is held meanwhile) and put back afterwards; one that fails to start is killed."""
+    global _standby, _parent
     with _LOCK:
         _forget_if_forked()
-        if _standby is None or _standby[0].ready_info is not None:  # type: ignore[attr-defined]
+        if _standby is None or _standby.ready_info is not None:
             return
-        try:
-            _standby[0].wait_ready(timeout_s)  # type: ignore[attr-defined]
-        except Exception:  # noqa: BLE001 - it died or timed out: the gate starts its own workers
-            _discard_locked()
+        worker, parent = _standby, _parent
+        _standby = _parent = None
+    try:
+        worker.wait_ready(timeout_s)
+    except Exception:  # noqa: BLE001 - it died or timed out: the gate starts its own workers
+        _kill(worker, parent)
+        return
+    with _LOCK:
+        if _standby is None and _owner_pid == os.getpid():
+            _standby, _parent = worker, parent
+            return
+    _kill(worker, parent)  # another one was started meanwhile
 
 
 def discard() -> None:
@@ -113,35 +140,71 @@ def discard() -> None:
         _discard_locked()
 
 
-def _forget_if_forked() -> None:
-    """In a child forked from the process that started the standby, drop it without touching it (the
-    parent still owns that worker and its pipes)."""
-    global _standby
-    if _standby is not None and _owner_pid != os.getpid():
-        _standby = None
-
-
-def _comparable(environ: dict[str, str]) -> dict[str, str]:
-    """The part of a worker environment that can differ between two workers: without the cache and temporary
-    folders every worker gets its own of (``PRIVATE_CACHE_DIRS``; Inductor also sets
-    ``TORCHINDUCTOR_CACHE_DIR`` in this process at its first compile) and without ``_TORCHINDUCTOR_*``
-    (values private to this process that Inductor writes while loading kernels and sets again in the worker)."""
+def comparable(environ: dict[str, str]) -> dict[str, str]:
+    """The part of a worker environment that can make two workers differ: without the folders every worker gets
+    its own of (``PRIVATE_CACHE_DIRS``), without :data:`SET_BY_TORCH` and ``_TORCHINDUCTOR_*``."""
     from tilesmith.gate.process import PRIVATE_CACHE_DIRS
 
-    return {k: v for k, v in environ.items() if k not in PRIVATE_CACHE_DIRS and not k.startswith("_TORCHINDUCTOR_")}
+    return {k: v for k, v in environ.items()
+            if k not in PRIVATE_CACHE_DIRS and k not in SET_BY_TORCH and not k.startswith("_TORCHINDUCTOR_")}
 
 
-def _usable(worker: object) -> bool:
-    return bool(worker.alive()) and time.monotonic() - worker.started < MAX_IDLE_S  # type: ignore[attr-defined]
+def _matches_locked() -> bool:
+    from tilesmith.gate.process import worker_environment
+
+    if not _standby.alive():
+        return False
+    theirs, ours = comparable(_standby.environ), comparable(worker_environment())
+    if theirs != ours:
+        log.debug("tilesmith: standby worker not used: environment differs in %s",
+                  sorted(k for k in theirs.keys() | ours.keys() if theirs.get(k) != ours.get(k)))
+        return False
+    return True
+
+
+def _expire(worker: Any) -> None:
+    with _LOCK:
+        if _standby is worker and _owner_pid == os.getpid():
+            _discard_locked()
+
+
+def _forget_if_forked() -> None:
+    """In a child forked from the process that started the standby, drop it without touching it (the parent
+    still owns that worker and its pipes)."""
+    global _standby, _parent
+    if _standby is not None and _owner_pid != os.getpid():
+        _standby = _parent = None
+
+
+def _after_fork_in_child() -> None:
+    """A fork may happen while another thread holds the lock: the child gets a fresh one and no standby."""
+    global _LOCK, _standby, _parent
+    _LOCK = threading.Lock()
+    _standby = _parent = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _cancel_timer() -> None:
+    global _timer
+    if _timer is not None:
+        _timer.cancel()
+        _timer = None
 
 
 def _discard_locked() -> None:
-    global _standby
-    if _standby is None:
-        return
-    worker, _, parent = _standby
-    _standby = None
+    global _standby, _parent
+    worker, parent = _standby, _parent
+    _standby = _parent = None
+    _cancel_timer()
+    if worker is not None:
+        _kill(worker, parent)
+
+
+def _kill(worker: Any, parent: Path | None) -> None:
     try:
-        worker.kill()  # type: ignore[attr-defined]
+        worker.kill()
     finally:
-        shutil.rmtree(parent, ignore_errors=True)
+        if parent is not None:
+            shutil.rmtree(parent, ignore_errors=True)
