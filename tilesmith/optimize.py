@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from tilesmith import settings
+from tilesmith.agent.protocol import StopOptimization
 from tilesmith.install.loader import entry_point, load_wrapper, swap
 from tilesmith.records import BenchmarkRecord, Candidate, Timing, Verdict
 from tilesmith.session import GraphSession
@@ -114,6 +115,8 @@ def _run_optimizer(run: Any, handle: Any, track: Track, gate: Any, progress: Any
     try:
         optimizer = factory.for_graph(session)
         optimizer.optimize(session)
+    except StopOptimization:
+        pass  # the stop rule ended the loop inside the optimizer (Session.new_turn): a normal end, not an error
     except Exception as exc:  # noqa: BLE001
         diagnostic = getattr(exc, "diagnostic", None)
         if diagnostic is not None:
