@@ -76,7 +76,14 @@ def test_variables_torch_sets_while_compiling_do_not_block_adoption(prestart_on,
 
 
 def _environ(worker) -> bytes:
-    return Path(f"/proc/{worker.pid}/environ").read_bytes()
+    """The environment the worker's process started with. Right after ``Popen`` the file can still be empty
+    (the child has not reached ``exec`` yet), so it is polled."""
+    deadline = time.monotonic() + 30
+    while True:
+        raw = Path(f"/proc/{worker.pid}/environ").read_bytes()
+        if raw or time.monotonic() > deadline:
+            return raw
+        time.sleep(0.02)
 
 
 def test_the_standby_gets_exactly_a_gate_workers_environment_without_secrets(prestart_on, monkeypatch):
