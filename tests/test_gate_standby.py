@@ -24,7 +24,7 @@ def prestart_on(monkeypatch):
 
 def _waiting():
     """(worker, parent folder) of the waiting standby worker, or None."""
-    return None if standby._standby is None else (standby._standby, standby._parent)
+    return None if standby._standby is None else (standby._standby, standby._standby.extra_dirs[0])
 
 
 def _gone(worker, parent: Path) -> bool:

@@ -46,10 +46,8 @@ SET_BY_TORCH = frozenset({"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TRITON
 
 log = logging.getLogger("tilesmith")
 _LOCK = threading.Lock()
-_standby: Any = None  # the waiting WorkerProcess, or None
-_parent: Path | None = None  # its parent folder (removed with it)
+_standby: Any = None  # the waiting WorkerProcess (its parent folder in ``extra_dirs``, removed by its kill()), or None
 _timer: threading.Timer | None = None  # kills it after MAX_IDLE_S
-_owner_pid = 0  # the process that started it: a forked child never adopts or kills its parent's standby
 _atexit_registered = False
 
 
@@ -58,13 +56,12 @@ def prestart() -> bool:
 
     A waiting one whose environment no longer matches is replaced. Returns whether one is waiting afterwards.
     """
-    global _standby, _parent, _owner_pid, _timer, _atexit_registered
+    global _standby, _timer, _atexit_registered
     if not settings.get("TILESMITH_PRESTART_WORKER"):
         return False
     from tilesmith.gate.process import WorkerProcess
 
     with _LOCK:
-        _forget_if_forked()
         if _standby is not None and _matches_locked():
             return True
         _discard_locked()
@@ -73,11 +70,12 @@ def prestart() -> bool:
             parent = Path(tempfile.mkdtemp(prefix="tilesmith-standby-"))
             os.chmod(parent, 0o700)
             worker = WorkerProcess(parent, label="standby worker")
+            worker.extra_dirs = (parent,)
         except Exception:  # noqa: BLE001 - no standby: the gate starts its workers as before
             if parent is not None:
                 shutil.rmtree(parent, ignore_errors=True)
             return False
-        _standby, _parent, _owner_pid = worker, parent, os.getpid()
+        _standby = worker
         _timer = threading.Timer(MAX_IDLE_S, _expire, args=(worker,))
         _timer.daemon = True
         _timer.start()
@@ -92,19 +90,16 @@ def adopt(label: str) -> Any:
     a fresh worker would get differs from its own beyond :func:`comparable`). The caller owns the worker
     (``kill()`` also removes the standby's parent folder). The start deadline is counted from adoption: a
     worker that waited long before its first use is not a worker that was slow to start."""
-    global _standby, _parent
+    global _standby
     with _LOCK:
-        _forget_if_forked()
         if _standby is None:
             return None
         if not _matches_locked():
             _discard_locked()
             return None
-        worker, parent = _standby, _parent
-        _standby = _parent = None
+        worker, _standby = _standby, None
         _cancel_timer()
     worker.label = f"{label}#{worker.label.rsplit('#', 1)[-1]}"
-    worker.extra_dirs = (parent,)
     worker.started = time.monotonic()
     return worker
 
@@ -114,29 +109,26 @@ def settle(timeout_s: float) -> None:
     torch import does not compete with a gate's timing samples (another ``tilesmith.compile()`` may have
     started it while a gate of an earlier one runs). The worker is taken out of the slot while it is waited
     for (no lock is held meanwhile) and put back afterwards; one that fails to start is killed."""
-    global _standby, _parent
+    global _standby
     with _LOCK:
-        _forget_if_forked()
         if _standby is None or _standby.ready_info is not None:
             return
-        worker, parent = _standby, _parent
-        _standby = _parent = None
+        worker, _standby = _standby, None
     try:
         worker.wait_ready(timeout_s)
     except Exception:  # noqa: BLE001 - it died or timed out: the gate starts its own workers
-        _kill(worker, parent)
+        worker.kill()
         return
     with _LOCK:
-        if _standby is None and _owner_pid == os.getpid():
-            _standby, _parent = worker, parent
+        if _standby is None:
+            _standby = worker
             return
-    _kill(worker, parent)  # another one was started meanwhile
+    worker.kill()  # another one was started meanwhile
 
 
 def discard() -> None:
     """Kill the waiting standby worker, if any (at exit, and in tests)."""
     with _LOCK:
-        _forget_if_forked()
         _discard_locked()
 
 
@@ -164,23 +156,17 @@ def _matches_locked() -> bool:
 
 def _expire(worker: Any) -> None:
     with _LOCK:
-        if _standby is worker and _owner_pid == os.getpid():
+        if _standby is worker:
             _discard_locked()
 
 
-def _forget_if_forked() -> None:
-    """In a child forked from the process that started the standby, drop it without touching it (the parent
-    still owns that worker and its pipes)."""
-    global _standby, _parent
-    if _standby is not None and _owner_pid != os.getpid():
-        _standby = _parent = None
-
-
 def _after_fork_in_child() -> None:
-    """A fork may happen while another thread holds the lock: the child gets a fresh one and no standby."""
-    global _LOCK, _standby, _parent
+    """A child forked from this process never adopts or kills its parent's standby (the parent still owns that
+    worker and its pipes), and a fork may happen while another thread holds the lock: the child gets a fresh
+    lock and no standby."""
+    global _LOCK, _standby, _timer
     _LOCK = threading.Lock()
-    _standby = _parent = None
+    _standby = _timer = None
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -194,17 +180,8 @@ def _cancel_timer() -> None:
 
 
 def _discard_locked() -> None:
-    global _standby, _parent
-    worker, parent = _standby, _parent
-    _standby = _parent = None
+    global _standby
+    worker, _standby = _standby, None
     _cancel_timer()
     if worker is not None:
-        _kill(worker, parent)
-
-
-def _kill(worker: Any, parent: Path | None) -> None:
-    try:
         worker.kill()
-    finally:
-        if parent is not None:
-            shutil.rmtree(parent, ignore_errors=True)
