@@ -54,6 +54,24 @@ class RunOptions:
         return model if isinstance(model, str) else f"custom:{getattr(model, 'name', type(model).__name__)}"
 
 
+def _with_fx_module(graph: CapturedGraph, from_cache: bool) -> CapturedGraph:
+    """Keep a freshly serialized FX graph by its Inductor key, or find the one kept for a graph an AOTAutograd
+    cache hit loaded (:mod:`tilesmith.capture.fxgraph`: the configuration generator compiles it again)."""
+    import dataclasses
+
+    from tilesmith.capture import fxgraph
+
+    root = settings.cache_root()
+    if graph.fx_module is not None:
+        fxgraph.save(graph.fx_module, graph.inductor_key, root)
+        return graph
+    if from_cache:
+        found = fxgraph.lookup(graph.inductor_key, root)
+        if found is not None:
+            return dataclasses.replace(graph, fx_module=found)
+    return graph
+
+
 class GraphHandle:
     """Live state of one eligible graph: Inductor's compiled object and its original callable."""
 
@@ -148,6 +166,7 @@ class LiveRun:
         graph = captured_graph(compiled, fx_program, example_inputs, kwargs,
                                compile_mode=self.options.compile_mode)
         from_cache = bool(kwargs.get(AOT_CACHE_HIT))
+        graph = _with_fx_module(graph, from_cache)
         handle = GraphHandle(compiled, graph, key or "", module_constants(compiled),
                              inner_kwargs=dict(kwargs) if from_cache else None)
         eligibility.claim(compiled)

@@ -12,7 +12,7 @@ sentinel number. Every number in these records is computed in the host process.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 GraphKind = Literal["inference", "forward", "backward"]
 
@@ -79,6 +79,11 @@ class CapturedGraph:
     refer to the argument list before frozen parameters were removed). The gate's timing keeps these
     inputs at one address across the calls of a sample (docs/gate.md, "Timing method"). Not part of the
     cache key."""
+    fx_module: Any = field(default=None, repr=False, compare=False)
+    """The graph as ``inner_compile`` received it, serialized (:class:`tilesmith.capture.fxgraph.FxModule`), so
+    that the built-in agent's configuration generator can compile it again under other Inductor configurations in
+    its search worker; ``None`` when it could not be serialized or the graph came from the AOTAutograd cache. Not
+    part of the cache key."""
 
 
 @dataclass(frozen=True)

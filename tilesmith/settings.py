@@ -114,6 +114,10 @@ _SETTINGS = (
     Setting("TILESMITH_TURN_TIMEOUT_S", "1800", _positive_float,
             "Wall-clock seconds one graph's optimization may take in total; the loop stops after "
             "the turn that crosses it."),
+    Setting("TILESMITH_GRAPH_BUDGET_S", "120", _positive_float,
+            "Seconds the built-in agent may spend on one graph's first-call optimization: the search worker "
+            "(measurements, configuration compiles and screens) plus gate evaluations. Past it the agent stops "
+            "with the best accepted candidate so far and a builtin_budget diagnostic naming what it skipped."),
     Setting("TILESMITH_MAX_TURNS", "40", _positive_int,
             "Agent turns per graph before the loop stops (the stop rule when max_model_calls is "
             "None; each turn ends with the agent's final answer)."),

@@ -101,6 +101,9 @@ class TilesmithBackend:
 
         # Inductor's post-grad passes mutate gm in place: print it first (research/inductor.md §1.1).
         fx_program = _readable(gm)
+        from tilesmith.capture.fxgraph import FX_MODULE_KEY, serialize
+
+        fx_module = serialize(gm, example_inputs, kwargs)  # before the passes, for the configuration generator
         call = _ACTIVE.get()
         if call is None:  # the training backward, compiled lazily after the backend call returned
             call = _Call(self._sink)
@@ -109,7 +112,7 @@ class TilesmithBackend:
             compiled = compile_fx_inner(gm, example_inputs, **kwargs)
         finally:
             call.inner_depth -= 1
-        call.report(compiled, fx_program, example_inputs, kwargs)
+        call.report(compiled, fx_program, example_inputs, {**kwargs, FX_MODULE_KEY: fx_module})
         return compiled
 
 

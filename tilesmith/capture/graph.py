@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any
 
 from tilesmith.capture.backend import AOT_CACHE_HIT
+from tilesmith.capture.fxgraph import FX_MODULE_KEY
 from tilesmith.capture.source import canonicalize, graph_name
 from tilesmith.records import CapturedGraph, GraphKind, InputSpec, ScalarSpec, TensorSpec
 
@@ -45,6 +46,7 @@ def captured_graph(compiled: Any, fx_program: str, example_inputs: Any, kwargs: 
         compile_mode=compile_mode,
         constant_names=tuple(sorted(str(k) for k in constants)),
         static_input_idxs=static_inputs(kwargs, inputs),
+        fx_module=kwargs.get(FX_MODULE_KEY),
     )
 
 

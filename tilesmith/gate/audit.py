@@ -109,12 +109,16 @@ _CANDIDATE, _TRANSPARENT, _LIBRARY = 1, 2, 3
 
 
 def _is_compiler(args: Any) -> bool:
-    """``g++``, ``/usr/bin/gcc-12``, ``x86_64-linux-gnu-g++``, ``ptxas-blackwell``: a known compiler tool."""
+    """``g++``, ``/usr/bin/gcc-12``, ``x86_64-linux-gnu-g++``, ``ptxas-blackwell``: a known compiler tool; or
+    ``openssl sha512 <file>``, the checksum torch 2.11's ``codecache._precompile_header`` takes of a precompiled
+    C++ header (Inductor's C++ host wrapper builds one), and nothing else openssl can do."""
     try:
         argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
         name = os.path.basename(os.fsdecode(argv[0]).split()[0])
     except (TypeError, IndexError, ValueError):
         return False
+    if name == "openssl":
+        return len(argv) == 3 and os.fsdecode(argv[1]) == "sha512"
     name = _VERSION_SUFFIX.sub("", name)
     parts = name.split("-")
     return name in _COMPILERS or parts[0] in _COMPILERS or parts[-1] in _COMPILERS

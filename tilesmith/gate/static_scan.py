@@ -262,6 +262,8 @@ class _Scanner(ast.NodeVisitor):
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         module = node.module or ""
+        if _is_cpp_wrapper_import(node):
+            return  # checked as a whole by _cpp_wrapper_findings
         before = len(self.findings)
         self._check_module(module, node, [a.name for a in node.names])
         for alias in node.names:
@@ -518,12 +520,81 @@ def _scan_python(source: str, base_line: int, label: str) -> tuple[list[Finding]
     return scanner.findings, scanner
 
 
+# Rationale: Inductor's CPU C++ host wrapper (cpp_wrapper=True, the built-in agent's configuration generator)
+# loads its C++ source with exactly one module-level `CppWrapperCodeCache.load_pybinding(...)` call. That is the
+# same compile-and-load path as the `async_compile.cpp_pybinding` every CPU wrapper uses (its C++ text is scanned
+# by the native patterns below like any kernel string); every other use of Inductor's code caches stays blocked.
+_CPP_WRAPPER_MODULE, _CPP_WRAPPER_CLASS = "torch._inductor.codecache", "CppWrapperCodeCache"
+
+
+def _is_cpp_wrapper_import(node: ast.ImportFrom) -> bool:
+    return (node.module == _CPP_WRAPPER_MODULE and node.level == 0 and len(node.names) == 1 and
+            node.names[0].name == _CPP_WRAPPER_CLASS and node.names[0].asname is None)
+
+
+def _cpp_wrapper_findings(tree: ast.Module) -> tuple[list[Finding], list[tuple[int, str]]]:
+    """``(findings, native strings)`` for the allowed ``CppWrapperCodeCache`` import: it must sit at module level
+    and be used only as ``name = CppWrapperCodeCache.load_pybinding(..., device_type="cpu", ...)`` statements at
+    module level whose code arguments are string literals or names bound once, at module level, to one; those
+    strings are returned for the native-source patterns."""
+    imports = [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and _is_cpp_wrapper_import(n)]
+    if not imports:
+        return [], []
+    found = [Finding("static_file_access", n.lineno, f"imports {_CPP_WRAPPER_MODULE}.{_CPP_WRAPPER_CLASS} "
+                     "outside the module level") for n in imports if n not in tree.body]
+    bindings: dict[str, list[ast.AST]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            bindings.setdefault(node.id, []).append(node)
+    strings: dict[str, str] = {}
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name) and \
+                isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str):
+            strings[stmt.targets[0].id] = stmt.value.value
+    allowed: set[int] = set()
+    native: list[tuple[int, str]] = []
+    for stmt in tree.body:
+        call = stmt.value if isinstance(stmt, ast.Assign) else None
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and
+                call.func.attr == "load_pybinding" and isinstance(call.func.value, ast.Name) and
+                call.func.value.id == _CPP_WRAPPER_CLASS):
+            continue
+        if not any(k.arg == "device_type" and isinstance(k.value, ast.Constant) and k.value.value == "cpu"
+                   for k in call.keywords) or call.args:
+            continue
+        texts: list[str] = []
+        for kw in call.keywords:
+            if kw.arg not in ("main_code", "kernel_code"):
+                continue
+            value = kw.value
+            if isinstance(value, ast.Constant) and isinstance(value.value, (str, type(None))):
+                texts.append(value.value or "")
+            elif isinstance(value, ast.Name) and value.id in strings and len(bindings.get(value.id, ())) == 1:
+                texts.append(strings[value.id])
+            else:
+                texts = []
+                found.append(Finding("static_file_access", call.lineno, f"{_CPP_WRAPPER_CLASS}.load_pybinding's "
+                                     f"{kw.arg} must be a string literal or a name bound once to one"))
+                break
+        else:
+            allowed.add(id(call.func.value))
+            native += [(call.lineno, t) for t in texts]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id == _CPP_WRAPPER_CLASS and id(node) not in allowed:
+            found.append(Finding("static_file_access", node.lineno, f"uses {_CPP_WRAPPER_CLASS} other than in a "
+                                 "module-level `x = CppWrapperCodeCache.load_pybinding(..., device_type='cpu')`"))
+    return found, native
+
+
 def scan(source: str) -> list[Finding]:
     """All findings for a candidate source (empty list: nothing suspicious)."""
     findings, scanner = _scan_python(source, 1, "wrapper")
     if scanner is None:
         return findings
     tree = ast.parse(source)
+    cpp_findings, cpp_strings = _cpp_wrapper_findings(tree)
+    findings += cpp_findings
+    scanner.native_strings += cpp_strings
     if not any((isinstance(n, ast.FunctionDef) and n.name == "call") or
                (isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "call" for t in n.targets))
                for n in tree.body):

@@ -48,6 +48,8 @@ class Profile:
     kernel_skips: dict[str, str] = field(default_factory=dict)
     errors: tuple[str, ...] = ()
     wall_s: float | None = None
+    variants: tuple[Any, ...] = ()
+    """One :class:`~tilesmith.agent.builtin.configs.VariantScreen` per configuration variant the worker compiled."""
 
 
 @dataclass
@@ -62,6 +64,9 @@ class GraphContext:
     min_improvement: float = 0.02
     profile: Profile | None = None
     profile_error: str | None = None
+    incumbent_ms: float | None = None
+    """Time per call of the current incumbent in the profile's units (the original's ``eager_ms`` until a
+    candidate is accepted, then that over the gate's speedup); the configuration proposals' gains use it."""
 
     @property
     def is_cuda(self) -> bool:

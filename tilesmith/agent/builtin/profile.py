@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -18,6 +19,7 @@ from typing import Any
 
 from tilesmith import settings
 from tilesmith.agent.builtin.base import KernelTiming, Profile
+from tilesmith.agent.builtin.configs import VariantScreen
 
 
 class SearchFailed(RuntimeError):
@@ -40,34 +42,75 @@ def worker_environment(device: str, environ: dict[str, str] | None = None) -> di
     return env
 
 
-def run_search(source: str, device: str, *, timeout_s: float | None = None, max_configs: int | None = None
-               ) -> Profile:
-    """Measure ``source`` on ``device`` in a worker process.
+def run_search(source: str, device: str, *, timeout_s: float | None = None, max_configs: int | None = None,
+               variants: list[dict[str, Any]] | None = None, fx_module: Any = None, deadline_s: float | None = None,
+               original_canonical: str | None = None, launch_configs: bool = True) -> Profile:
+    """Measure ``source`` on ``device`` in a worker process (and, with ``variants`` and ``fx_module``, compile and
+    screen each configuration variant: :mod:`tilesmith.agent.builtin.config_screen`).
+
+    ``timeout_s``: the worker's wall-clock limit (default ``TILESMITH_WORKER_TIMEOUT_S``); its whole process
+    group (Inductor's compile workers too) is killed past it. ``deadline_s``: seconds after the worker's start
+    past which it compiles no new variant. A worker killed at its limit after measuring the original still
+    returns what it finished, with the timeout named in ``Profile.errors``.
 
     Raises:
-        SearchFailed: the worker timed out, exited non-zero, or reported an error before measuring.
+        SearchFailed: the worker timed out or exited before measuring the original wrapper.
     """
     limit = timeout_s if timeout_s is not None else float(settings.get("TILESMITH_WORKER_TIMEOUT_S"))
     with tempfile.TemporaryDirectory(prefix="tilesmith-search-") as tmp:
         request, result = Path(tmp) / "request.json", Path(tmp) / "result.json"
-        payload: dict[str, Any] = {"source": source}
+        payload: dict[str, Any] = {"source": source, "device": device, "launch_configs": launch_configs}
         if max_configs is not None:
             payload["max_configs"] = max_configs
+        if variants and fx_module is not None:
+            module_path = Path(tmp) / "graph.fxpkl"
+            module_path.write_bytes(fx_module.payload)
+            payload.update(variants=variants, fx_module_path=str(module_path), fx_kwargs=fx_module.kwargs_dict(),
+                           deadline_s=deadline_s if deadline_s is not None else 0.8 * limit,
+                           original_canonical=original_canonical or source)
         request.write_text(json.dumps(payload), encoding="utf-8")
         log_path = Path(tmp) / "worker.log"
+        timed_out = False
         with log_path.open("w", encoding="utf-8") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "tilesmith.agent.builtin.search_worker", str(request), str(result)],
+                cwd=tmp, env=worker_environment(device), stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True)
             try:
-                proc = subprocess.run(
-                    [sys.executable, "-m", "tilesmith.agent.builtin.search_worker", str(request), str(result)],
-                    cwd=tmp, env=worker_environment(device), stdout=log, stderr=subprocess.STDOUT,
-                    timeout=limit, check=False)
+                proc.wait(timeout=limit)
             except subprocess.TimeoutExpired:
-                raise SearchFailed(f"the search worker exceeded {limit:.0f} s (TILESMITH_WORKER_TIMEOUT_S)"
-                                   ) from None
-        if proc.returncode != 0 or not result.exists():
+                timed_out = True
+            finally:
+                _kill_group(proc)
+        data: dict[str, Any] | None = None
+        if result.exists():
+            try:
+                data = json.loads(result.read_text(encoding="utf-8"))
+            except ValueError:
+                data = None
+        if data is None or data.get("eager_ms") is None:
+            if timed_out:
+                raise SearchFailed(f"the search worker exceeded {limit:.0f} s (TILESMITH_WORKER_TIMEOUT_S, or the "
+                                   "graph's time budget) before measuring the original wrapper")
             tail = log_path.read_text(encoding="utf-8", errors="replace")[-800:]
-            raise SearchFailed(f"the search worker exited with status {proc.returncode}: {tail.strip()}")
-        return parse_result(json.loads(result.read_text(encoding="utf-8")))
+            if data is None:
+                raise SearchFailed(f"the search worker exited with status {proc.returncode}: {tail.strip()}")
+        if timed_out:
+            data.setdefault("errors", []).append(f"the search worker was stopped at its {limit:.0f} s limit; "
+                                                 "later measurements are missing")
+        return parse_result(data)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Kill the worker's process group (its compile workers included) and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL does not fail
+        pass
 
 
 def parse_result(data: dict[str, Any]) -> Profile:
@@ -87,4 +130,5 @@ def parse_result(data: dict[str, Any]) -> Profile:
     return Profile(eager_ms=float(data["eager_ms"]),
                    graph_ms=None if data.get("graph_ms") is None else float(data["graph_ms"]),
                    capture_error=data.get("capture_error"), kernels=kernels,
-                   kernel_skips=dict(data.get("kernel_skips") or {}), errors=errors, wall_s=data.get("wall_s"))
+                   kernel_skips=dict(data.get("kernel_skips") or {}), errors=errors, wall_s=data.get("wall_s"),
+                   variants=tuple(VariantScreen.from_json(v) for v in data.get("variants") or ()))

@@ -1,9 +1,12 @@
-"""Search worker: measures the original wrapper and its kernels' launch configurations on the GPU.
+"""Search worker: measures the original wrapper, its kernels' launch configurations, and configuration variants.
 
 Run as ``python -m tilesmith.agent.builtin.search_worker REQUEST.json RESULT.json`` by
 :func:`tilesmith.agent.builtin.profile.run_search` (a separate process, so that a kernel that fails to
-compile or crashes the CUDA context costs only the search). The request holds the wrapper source and
-``max_configs``; the result JSON holds:
+compile, a compile that hangs or a crash of the CUDA context costs only the search). The request holds the
+wrapper source, ``device``, ``max_configs``, and for the configuration generator ``variants``,
+``fx_module_path``, ``fx_kwargs`` and ``deadline_s`` (seconds from the worker's start after which no new variant
+is compiled); the result JSON, rewritten atomically whenever a part is complete (so a worker killed at its
+limit leaves what it finished), holds:
 
 - ``eager_ms``: per-call time of ``call(args)`` called back to back, synchronized once per batch (best of 3
   batches; the batch grows until it lasts ≥ 50 ms), i.e. the throughput max(host, GPU);
@@ -12,7 +15,11 @@ compile or crashes the CUDA context costs only the search). The request holds th
 - ``kernels``: per tunable kernel, every planned configuration with its time in ms from Inductor's own
   ``CachingAutotuner.benchmark_all_configs`` (``benchmarker.benchmark_gpu``: L2 flushed, in-place arguments
   cloned, minimum of the runs) and whether it is one of Inductor's defaults; ``kernel_skips`` why other
-  kernels were not searched; ``errors``.
+  kernels were not searched (CUDA only); ``errors``;
+- ``variants``: one record per configuration variant (:mod:`tilesmith.agent.builtin.config_screen`).
+
+On the CPU (test mode) ``eager_ms`` is the host time per call, ``graph_ms`` is absent and no launch
+configuration is searched.
 
 Inputs come from the wrapper's own ``get_args()`` (``rand_strided``: normal floats, zero integers), drawn
 afresh for each phase because bodies may write into inputs they consume.
@@ -21,6 +28,7 @@ afresh for each phase because bodies may write into inputs they consume.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import traceback
@@ -34,41 +42,83 @@ def main(argv: list[str]) -> int:
         return 2
     request = json.loads(Path(argv[1]).read_text(encoding="utf-8"))
     started = time.monotonic()
+    out = Path(argv[2])
+    result: dict[str, Any] = {"kernels": {}, "kernel_skips": {}, "errors": [], "variants": []}
+
+    def emit() -> None:
+        result["wall_s"] = time.monotonic() - started
+        write_json(out, result)
+
     try:
-        result = run(request)
+        run(request, result, emit, started)
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which skips the generator
-        result = {"errors": [f"{type(exc).__name__}: {exc}", traceback.format_exc(limit=8)]}
-    result["wall_s"] = time.monotonic() - started
-    Path(argv[2]).write_text(json.dumps(result), encoding="utf-8")
+        result["errors"] += [f"{type(exc).__name__}: {exc}", traceback.format_exc(limit=8)]
+    emit()
     return 0
 
 
-def run(request: dict[str, Any]) -> dict[str, Any]:
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Replace ``path`` with ``data`` atomically (the parent may read it after killing this process)."""
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def run(request: dict[str, Any], result: dict[str, Any], emit: Any, started: float) -> None:
+    """Fill ``result`` (module docstring), calling ``emit()`` whenever a part is complete."""
     import torch
 
     from tilesmith.agent.builtin import launch_config as lc
 
     source = request["source"]
-    result: dict[str, Any] = {"kernels": {}, "kernel_skips": {}, "errors": []}
+    device = str(request.get("device", "cuda"))
     original = _load(source)
-    eager, graph, capture_error = measure_call(original.call, original.get_args)
+    if device.startswith("cuda"):
+        eager, graph, capture_error = measure_call(original.call, original.get_args)
+    else:
+        eager, graph, capture_error = cpu_rate(original.call, original.get_args), None, "CPU graph"
     result.update(eager_ms=eager, graph_ms=graph, capture_error=capture_error)
-    plans, skips = lc.plan_search(source, int(request.get("max_configs", lc.MAX_CONFIGS)))
-    result["kernel_skips"] = skips
-    if not plans:
-        return result
-    search = _load(lc.search_source(source, plans))
-    timings: dict[str, list[dict[str, Any]]] = {}
-    for plan in plans:
-        _instrument(getattr(search, plan.var), plan, timings, result["errors"])
-    search.call(list(search.get_args()))
-    torch.cuda.synchronize()
-    result["kernels"] = timings
-    return result
+    emit()
+    if device.startswith("cuda") and request.get("launch_configs", True):
+        plans, skips = lc.plan_search(source, int(request.get("max_configs", lc.MAX_CONFIGS)))
+        result["kernel_skips"] = skips
+        if plans:
+            search = _load(lc.search_source(source, plans))
+            timings: dict[str, list[dict[str, Any]]] = {}
+            for plan in plans:
+                _instrument(getattr(search, plan.var), plan, timings, result["errors"])
+            search.call(list(search.get_args()))
+            torch.cuda.synchronize()
+            result["kernels"] = timings
+            emit()
+    if request.get("variants") and request.get("fx_module_path"):
+        from tilesmith.agent.builtin.config_screen import screen_variants
+
+        deadline = started + float(request.get("deadline_s", 1e9))
+
+        def add(record: dict[str, Any]) -> None:
+            result["variants"].append(record)
+            emit()
+
+        screen_variants(request, original, device, add, deadline)
 
 
-def measure_call(call: Any, get_args: Any) -> tuple[float | None, float | None, str | None]:
-    """(eager ms/call, graph-replay ms/call or None, capture error or None) for ``call(get_args())``."""
+def cpu_rate(call: Any, get_args: Any) -> float:
+    """ms per call of ``call(get_args())`` on the CPU (best of 3 batches of ≥ 50 ms)."""
+    args = get_args()
+
+    def once() -> None:
+        call(list(args))
+
+    for _ in range(3):
+        once()
+    return _best_rate(once, sync=False)
+
+
+def measure_call(call: Any, get_args: Any, *, eager: bool = True) -> tuple[float | None, float | None, str | None]:
+    """(eager ms/call or None, graph-replay ms/call or None, capture error or None) for ``call(get_args())``.
+
+    ``eager=False`` skips the eager measurement (the caller timed the call itself)."""
     import torch
 
     args = get_args()
@@ -79,7 +129,7 @@ def measure_call(call: Any, get_args: Any) -> tuple[float | None, float | None, 
     for _ in range(3):
         once()
     torch.cuda.synchronize()
-    eager = _best_rate(once)
+    eager_ms = _best_rate(once) if eager else None
     graph_ms, error = None, None
     try:
         side = torch.cuda.Stream()
@@ -99,29 +149,34 @@ def measure_call(call: Any, get_args: Any) -> tuple[float | None, float | None, 
             torch.cuda.synchronize()
         except Exception:  # noqa: BLE001 - a broken context shows up in the kernel search next
             pass
-    return eager, graph_ms, error
+    return eager_ms, graph_ms, error
 
 
-def _best_rate(fn: Any) -> float:
-    import torch
+def _best_rate(fn: Any, *, sync: bool = True) -> float:
+    """Best of 3 batches (the batch doubles until it lasts ≥ 50 ms), in ms per call."""
+    def wait() -> None:
+        if sync:
+            import torch
+
+            torch.cuda.synchronize()
 
     n = 1
     while True:
-        torch.cuda.synchronize()
+        wait()
         t0 = time.perf_counter()
         for _ in range(n):
             fn()
-        torch.cuda.synchronize()
+        wait()
         if time.perf_counter() - t0 >= 0.05 or n >= 4096:
             break
         n *= 2
     best = float("inf")
     for _ in range(3):
-        torch.cuda.synchronize()
+        wait()
         t0 = time.perf_counter()
         for _ in range(n):
             fn()
-        torch.cuda.synchronize()
+        wait()
         best = min(best, (time.perf_counter() - t0) / n * 1e3)
     return best
 
