@@ -127,8 +127,9 @@ def test_cpu_graph_ends_exhausted_without_evaluating_or_searching(tmp_path):
     opt.optimize(s)
     assert s.evaluations == [] and opt.outcome == "exhausted"
     reasons = dict(opt.history)
-    assert set(reasons) == {"cudagraph", "launch_config", "wrapper_cleanup"}
-    assert all(r.startswith("skipped: CPU graph") for r in reasons.values())
+    assert set(reasons) == {"cudagraph", "launch_config", "wrapper_cleanup", "config"}
+    assert all(r.startswith("skipped: CPU graph") for k, r in reasons.items() if k != "config")
+    assert "not serialized" in reasons["config"]  # the configuration generator's CPU path: test_builtin_configs
     assert [n.kind for n in s.notes] == ["builtin_exhausted"]
 
 
@@ -232,7 +233,8 @@ def test_search_worker_process_failure_becomes_search_failed_with_its_reason():
         run_search("x = 1\n", "cuda:0", timeout_s=300)
 
 
-def test_compile_with_the_builtin_agent_on_cpu_keeps_inductor_and_says_exhausted(tmp_path, monkeypatch):
+def test_compile_on_cpu_without_the_configuration_generator_keeps_inductor_and_says_exhausted(tmp_path, monkeypatch):
+    """The CUDA-only generators on a CPU graph (the configuration generator's CPU path: test_builtin_configs)."""
     import tilesmith
     import tilesmith.gate as gate
 
@@ -244,7 +246,8 @@ def test_compile_with_the_builtin_agent_on_cpu_keeps_inductor_and_says_exhausted
     monkeypatch.setenv("TILESMITH_ALLOW_CPU", "1")
     torch._dynamo.reset()
     model, x = TwoLayer().eval(), torch.randn(8, 64)
-    compiled = tilesmith.compile(model, example_inputs=(x,), agent_model="tilesmith/builtin")
+    compiled = tilesmith.compile(model, example_inputs=(x,),
+                                 agent_model=BuiltinOptimizerFactory(agency="medium", configs=False))
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x))
     kinds = [d.kind for d in tilesmith.diagnostics(compiled)]

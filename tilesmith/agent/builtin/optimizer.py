@@ -53,19 +53,19 @@ class BuiltinOptimizer:
     After :meth:`optimize`, ``outcome`` is ``"exhausted"``, ``"budget"`` or the session's stop reason, and
     ``history`` lists ``(generator, status)`` pairs where status is a verdict status or ``"skipped: <why>"``.
     ``budget_s`` overrides ``TILESMITH_GRAPH_BUDGET_S`` (seconds for the whole optimization of the graph);
-    ``configs=False`` turns the configuration generator off; ``gate_screened=True`` sends the best screened
+    ``configs`` turns the configuration generator on or off (default: on with the default generators); ``gate_screened=True`` sends the best screened
     configuration proposals to the gate even when the screen predicts no gain (tests of the gate path).
     """
 
     name = NAME
 
     def __init__(self, *, agency: str, generators: list[Generator] | None = None, searcher: Any = None,
-                 budget_s: float | None = None, configs: bool = True, gate_screened: bool = False):
+                 budget_s: float | None = None, configs: bool | None = None, gate_screened: bool = False):
         self.agency = agency
         self.generators = list(generators) if generators is not None else default_generators()
         self._searcher = searcher
         self._budget_s = budget_s
-        self._configs = configs
+        self._configs = generators is None if configs is None else configs
         self._gate_screened = gate_screened
         self.outcome: str | None = None
         self.history: list[tuple[str, str]] = []
