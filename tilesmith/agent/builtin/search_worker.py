@@ -79,7 +79,17 @@ def run(request: dict[str, Any], result: dict[str, Any], emit: Any, started: flo
         eager, graph, capture_error = cpu_rate(original.call, original.get_args), None, "CPU graph"
     result.update(eager_ms=eager, graph_ms=graph, capture_error=capture_error)
     emit()
-    if device.startswith("cuda") and request.get("launch_configs", True):
+    deadline = started + float(request.get("deadline_s", 1e9))
+    if request.get("variants") and request.get("fx_module_path"):
+        from tilesmith.agent.builtin.config_screen import screen_variants
+
+        def add(record: dict[str, Any]) -> None:
+            result["variants"].append(record)
+            emit()
+
+        screen_variants(request, original, device, add, deadline)
+    # Launch configurations last: the variants (coordinate descent among them) are worth more per second.
+    if device.startswith("cuda") and request.get("launch_configs", True) and time.monotonic() < deadline:
         plans, skips = lc.plan_search(source, int(request.get("max_configs", lc.MAX_CONFIGS)))
         result["kernel_skips"] = skips
         if plans:
@@ -91,16 +101,9 @@ def run(request: dict[str, Any], result: dict[str, Any], emit: Any, started: flo
             torch.cuda.synchronize()
             result["kernels"] = timings
             emit()
-    if request.get("variants") and request.get("fx_module_path"):
-        from tilesmith.agent.builtin.config_screen import screen_variants
-
-        deadline = started + float(request.get("deadline_s", 1e9))
-
-        def add(record: dict[str, Any]) -> None:
-            result["variants"].append(record)
-            emit()
-
-        screen_variants(request, original, device, add, deadline)
+    elif device.startswith("cuda") and request.get("launch_configs", True):
+        result["errors"].append("launch-configuration search skipped: the graph's time budget was spent on the "
+                                "configuration variants")
 
 
 def cpu_rate(call: Any, get_args: Any) -> float:
