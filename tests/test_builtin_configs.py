@@ -126,7 +126,8 @@ def test_graphs_with_too_many_constant_bytes_are_not_serialized(monkeypatch):
 
 
 # -- the search worker compiles and screens (CPU) ----------------------------------------------------------------
-def test_search_worker_compiles_and_screens_the_cpp_wrapper_variant(tmp_path, monkeypatch):
+@pytest.mark.parametrize("workers", [1, 2], ids=["in-process", "two-compile-processes"])
+def test_search_worker_compiles_and_screens_the_cpp_wrapper_variant(tmp_path, workers):
     from tilesmith.agent.builtin.configs import Variant
     from tilesmith.agent.builtin.profile import run_search
     from tilesmith.capture.source import canonicalize
@@ -137,7 +138,7 @@ def test_search_worker_compiles_and_screens_the_cpp_wrapper_variant(tmp_path, mo
     variants = [Variant("cpp_wrapper", (("cpp_wrapper", True),), "C++ host wrapper"),
                 Variant("renamed", (("option_that_does_not_exist", 1),), "missing option")]
     profile = run_search(source, "cpu", timeout_s=400, variants=[v.request() for v in variants], fx_module=module,
-                         deadline_s=300, original_canonical=canonicalize(source))
+                         deadline_s=300, original_canonical=canonicalize(source), compile_workers=workers)
     assert profile.eager_ms and profile.eager_ms > 0
     screens = {s.name: s for s in profile.variants}
     cpp = screens["cpp_wrapper"]
@@ -166,6 +167,12 @@ def _wrapper_source(model: torch.nn.Module, x: torch.Tensor) -> str:
         torch.compile(model, backend=lambda gm, ex: compile_fx(gm, ex, inner_compile=inner))(x)
     torch._dynamo.reset()
     return sources[0]
+
+
+def test_compile_processes_scale_with_the_machine():
+    from tilesmith.agent.builtin.config_screen import compile_workers
+
+    assert compile_workers(6, cpus=2) == 1 and compile_workers(6, cpus=16) == 4 and compile_workers(2, cpus=64) == 2
 
 
 # -- ranking, composition, budget (stubbed search) ---------------------------------------------------------------

@@ -27,8 +27,12 @@ tensors for both arms.
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import statistics
+import subprocess
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -44,30 +48,38 @@ SCREEN_REL_L2 = 1e-2
 
 
 def screen_variants(request: dict[str, Any], original: Any, device: str, emit: Callable[[dict[str, Any]], None],
-                    deadline: float) -> None:
-    """Compile and screen every variant of ``request["variants"]``; ``emit(record)`` after each one.
+                    deadline: float, pool: CompilePool | None = None) -> None:
+    """Compile (or take from ``pool``) and screen every variant of ``request["variants"]``, in order; ``emit(record)``
+    after each one.
 
     ``original``: the loaded original wrapper module; ``deadline``: ``time.monotonic()`` value after which no
     new variant is started (a record with ``status="skipped"`` says so).
     """
     from tilesmith.capture import fxgraph
 
-    payload = Path(request["fx_module_path"]).read_bytes()
+    payload = Path(request["fx_module_path"]).read_bytes() if pool is None else b""
     kwargs = dict(request.get("fx_kwargs") or {})
     kind = "cuda" if device.startswith("cuda") else "cpu"
     args = original.get_args()
     ref_out = _run(original.call, args)
     for variant in request["variants"]:
         name = variant["name"]
-        if time.monotonic() > deadline:
-            emit({"name": name, "status": "skipped", "error": "the graph's time budget ran out before this variant"})
-            continue
         record: dict[str, Any] = {"name": name, "patches": variant["patches"]}
         started = time.monotonic()
         try:
-            source, dropped = _compile(payload, kwargs, variant, fxgraph)
-            record["compile_s"] = round(time.monotonic() - started, 3)
-            record["dropped_options"] = dropped
+            if pool is not None:
+                done = pool.result(name)
+                if done.get("status"):
+                    emit({**record, **done})
+                    continue
+                source, record["compile_s"], record["dropped_options"] = done["source"], done["compile_s"], \
+                    done.get("dropped_options", [])
+            elif time.monotonic() > deadline:
+                emit({**record, "status": "skipped", "error": "the graph's time budget ran out before this variant"})
+                continue
+            else:
+                source, record["dropped_options"] = _compile(payload, kwargs, variant, fxgraph)
+                record["compile_s"] = round(time.monotonic() - started, 3)
             _screen(record, source, original, args, ref_out, kind, request.get("original_canonical", ""))
         except Exception as exc:  # noqa: BLE001 - a variant that fails to compile or run is recorded, not fatal
             record.setdefault("compile_s", round(time.monotonic() - started, 3))
@@ -75,6 +87,98 @@ def screen_variants(request: dict[str, Any], original: Any, device: str, emit: C
                           traceback=traceback.format_exc(limit=6)[-1500:])
             _sync(kind)
         emit(record)
+
+
+def compile_workers(n_variants: int, cpus: int | None = None) -> int:
+    """How many processes compile variants side by side: one per 4 CPUs, at most 4 and at most one per
+    variant; 1 (compile in the search worker itself, no extra process) on small machines such as CI's 2 cores.
+    Compiling is mostly single-threaded Python per variant; Inductor's own compile pool uses the other cores."""
+    cpus = cpus if cpus is not None else (os.cpu_count() or 1)
+    return max(1, min(n_variants, cpus // 4, 4))
+
+
+class CompilePool:
+    """Variant compiles in ``compile_workers`` processes started before the original is measured (so the compiles
+    overlap the search worker's own start-up work); :meth:`result` waits for one variant's source.
+
+    Each process (``python -m tilesmith.agent.builtin.config_screen REQUEST OUT``) compiles its share in portfolio
+    order and rewrites ``OUT`` atomically after each variant. The processes are in the search worker's process
+    group, which the host kills at the graph's limit.
+    """
+
+    def __init__(self, request: dict[str, Any], folder: Path, deadline: float, workers: int) -> None:
+        variants = list(request["variants"])
+        self.folder = folder
+        self.outs: dict[str, Path] = {}
+        self.procs: list[tuple[subprocess.Popen, Path]] = []
+        for w in range(workers):
+            share = variants[w::workers]
+            if not share:
+                continue
+            req, out = folder / f"compile_{w}.json", folder / f"compiled_{w}.json"
+            req.write_text(json.dumps({"fx_module_path": request["fx_module_path"],
+                                       "fx_kwargs": request.get("fx_kwargs") or {}, "variants": share,
+                                       "deadline": deadline}), encoding="utf-8")
+            log = (folder / f"compile_{w}.log").open("w", encoding="utf-8")
+            proc = subprocess.Popen([sys.executable, "-m", "tilesmith.agent.builtin.config_screen", str(req), str(out)],
+                                    stdout=log, stderr=subprocess.STDOUT)
+            log.close()
+            self.procs.append((proc, out))
+            for v in share:
+                self.outs[v["name"]] = out
+
+    def result(self, name: str) -> dict[str, Any]:
+        """``{"source", "compile_s", "dropped_options"}``, or a record with ``status`` (skipped/failed) and ``error``."""
+        out = self.outs[name]
+        proc = next(p for p, o in self.procs if o == out)
+        while True:
+            done = _read_json(out).get(name)
+            if done is not None:
+                return done
+            if proc.poll() is not None:
+                done = _read_json(out).get(name)
+                if done is not None:
+                    return done
+                log = (out.parent / out.name.replace("compiled_", "compile_").replace(".json", ".log"))
+                tail = log.read_text(encoding="utf-8", errors="replace")[-600:] if log.exists() else ""
+                return {"status": "failed", "error": f"the compile process exited with status {proc.returncode} "
+                                                     f"before this variant: {tail.strip()}"}
+            time.sleep(0.05)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def compile_main(argv: list[str]) -> int:
+    """Entry of one compile process: compile the request's variants in order, stop starting new ones past the
+    request's ``deadline`` (a ``time.monotonic()`` value: the clock is system-wide on Linux)."""
+    from tilesmith.agent.builtin.search_worker import write_json
+    from tilesmith.capture import fxgraph
+
+    request = json.loads(Path(argv[1]).read_text(encoding="utf-8"))
+    payload = Path(request["fx_module_path"]).read_bytes()
+    kwargs = dict(request.get("fx_kwargs") or {})
+    done: dict[str, Any] = {}
+    for variant in request["variants"]:
+        name = variant["name"]
+        if time.monotonic() > float(request["deadline"]):
+            done[name] = {"status": "skipped", "error": "the graph's time budget ran out before this variant"}
+        else:
+            started = time.monotonic()
+            try:
+                source, dropped = _compile(payload, kwargs, variant, fxgraph)
+                done[name] = {"source": source, "compile_s": round(time.monotonic() - started, 3),
+                              "dropped_options": dropped}
+            except Exception as exc:  # noqa: BLE001 - recorded for the screen
+                done[name] = {"status": "failed", "compile_s": round(time.monotonic() - started, 3),
+                              "error": f"{type(exc).__name__}: {str(exc)[:600]}",
+                              "traceback": traceback.format_exc(limit=6)[-1500:]}
+        write_json(Path(argv[2]), done)
+    return 0
 
 
 def _compile(payload: bytes, kwargs: dict[str, Any], variant: dict[str, Any], fxgraph: Any) -> tuple[str, list[str]]:
@@ -250,3 +354,7 @@ def _flatten(value: Any) -> list[Any]:
     if isinstance(value, list | tuple):
         return [leaf for item in value for leaf in _flatten(item)]
     return [value]
+
+
+if __name__ == "__main__":
+    sys.exit(compile_main(sys.argv))

@@ -44,13 +44,15 @@ def worker_environment(device: str, environ: dict[str, str] | None = None) -> di
 
 def run_search(source: str, device: str, *, timeout_s: float | None = None, max_configs: int | None = None,
                variants: list[dict[str, Any]] | None = None, fx_module: Any = None, deadline_s: float | None = None,
-               original_canonical: str | None = None, launch_configs: bool = True) -> Profile:
+               original_canonical: str | None = None, launch_configs: bool = True,
+               compile_workers: int | None = None) -> Profile:
     """Measure ``source`` on ``device`` in a worker process (and, with ``variants`` and ``fx_module``, compile and
     screen each configuration variant: :mod:`tilesmith.agent.builtin.config_screen`).
 
     ``timeout_s``: the worker's wall-clock limit (default ``TILESMITH_WORKER_TIMEOUT_S``); its whole process
     group (Inductor's compile workers too) is killed past it. ``deadline_s``: seconds after the worker's start
-    past which it compiles no new variant. A worker killed at its limit after measuring the original still
+    past which it compiles no new variant; ``compile_workers``: processes compiling variants side by side
+    (default :func:`tilesmith.agent.builtin.config_screen.compile_workers`). A worker killed at its limit after measuring the original still
     returns what it finished, with the timeout named in ``Profile.errors``.
 
     Raises:
@@ -67,7 +69,7 @@ def run_search(source: str, device: str, *, timeout_s: float | None = None, max_
             module_path.write_bytes(fx_module.payload)
             payload.update(variants=variants, fx_module_path=str(module_path), fx_kwargs=fx_module.kwargs_dict(),
                            deadline_s=deadline_s if deadline_s is not None else 0.8 * limit,
-                           original_canonical=original_canonical or source)
+                           original_canonical=original_canonical or source, compile_workers=compile_workers)
         request.write_text(json.dumps(payload), encoding="utf-8")
         log_path = Path(tmp) / "worker.log"
         timed_out = False

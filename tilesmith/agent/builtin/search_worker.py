@@ -72,6 +72,14 @@ def run(request: dict[str, Any], result: dict[str, Any], emit: Any, started: flo
 
     source = request["source"]
     device = str(request.get("device", "cuda"))
+    deadline = started + float(request.get("deadline_s", 1e9))
+    pool = None
+    if request.get("variants") and request.get("fx_module_path"):
+        from tilesmith.agent.builtin.config_screen import CompilePool, compile_workers
+
+        workers = int(request.get("compile_workers") or compile_workers(len(request["variants"])))
+        if workers > 1:  # compiles overlap the original's load and measurement below
+            pool = CompilePool(request, Path(request["fx_module_path"]).parent, deadline, workers)
     original = _load(source)
     if device.startswith("cuda"):
         eager, graph, capture_error = measure_call(original.call, original.get_args)
@@ -79,7 +87,6 @@ def run(request: dict[str, Any], result: dict[str, Any], emit: Any, started: flo
         eager, graph, capture_error = cpu_rate(original.call, original.get_args), None, "CPU graph"
     result.update(eager_ms=eager, graph_ms=graph, capture_error=capture_error)
     emit()
-    deadline = started + float(request.get("deadline_s", 1e9))
     if request.get("variants") and request.get("fx_module_path"):
         from tilesmith.agent.builtin.config_screen import screen_variants
 
@@ -87,7 +94,7 @@ def run(request: dict[str, Any], result: dict[str, Any], emit: Any, started: flo
             result["variants"].append(record)
             emit()
 
-        screen_variants(request, original, device, add, deadline)
+        screen_variants(request, original, device, add, deadline, pool)
     # Launch configurations last: the variants (coordinate descent among them) are worth more per second.
     if device.startswith("cuda") and request.get("launch_configs", True) and time.monotonic() < deadline:
         plans, skips = lc.plan_search(source, int(request.get("max_configs", lc.MAX_CONFIGS)))
