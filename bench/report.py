@@ -186,7 +186,8 @@ def markdown(result: dict[str, Any]) -> str:
                   "| case | " + " | ".join(ARM_LABELS[a] for a in others) + " |", "|---|" + "---|" * len(others)]
         for case in cases:
             lines.append(f"| {case['case']} | " + " | ".join(_ratio(vs(case, a)) for a in others) + " |")
-    lines += _compile_lines(cases, arms) + _tilesmith_lines(cases) + _cost_lines(cases) + _floor_lines(cases)
+    lines += _compile_lines(cases, arms) + _tilesmith_lines(cases) + _miss_lines(cases)
+    lines += _cost_lines(cases) + _floor_lines(cases)
     lines += _problem_lines(cases)
     return "\n".join(lines) + "\n"
 
@@ -218,8 +219,11 @@ def _tilesmith_lines(cases: list[dict[str, Any]]) -> list[str]:
     rows = 0
     for case in cases:
         entry = (case.get("arms") or {}).get("tilesmith") or {}
+        extras = {r.get("graph_key"): r.get("extras") for r in entry.get("benchmarks") or []}
         for t in entry.get("tracks") or []:
             bench = t.get("benchmark") or {}
+            more = extras.get(t.get("graph_key")) or []
+            winner = (t.get("winner") or "–") + (" (" + ", ".join(f"{k}={v}" for k, v in more) + ")" if more else "")
             ci = bench.get("speedup_ci") or [None, None]
             gate = (f"{_fmt(bench.get('speedup'), '.3f')} [{_fmt(ci[0], '.3f')}, {_fmt(ci[1], '.3f')}]"
                     if bench else "–")
@@ -227,12 +231,32 @@ def _tilesmith_lines(cases: list[dict[str, Any]]) -> list[str]:
                               + (f" {e['speedup']:.3f}" if isinstance(e.get("speedup"), (int, float)) else "")
                               for e in t.get("evaluations") or []) or "none"
             extra = ", ".join(t.get("other_profiles") or {}) or "–"
-            lines.append(f"| {case['case']} | {t.get('graph_name')} | {t.get('status')} | {t.get('winner') or '–'} "
+            lines.append(f"| {case['case']} | {t.get('graph_name')} | {t.get('status')} | {winner} "
                          f"| {gate} | {evals} | {extra} |")
             rows += 1
     if not rows:
         lines.append("| – | – | no track recorded | – | – | – | – |")
     return lines
+
+
+def _miss_lines(cases: list[dict[str, Any]]) -> list[str]:
+    """Cases where Tilesmith is below ``TARGETS["min_vs_best"]`` of the best mode: per graph what was tried and
+    what the gate said (status, speedup, first reason of every evaluation)."""
+    lines: list[str] = []
+    for case in cases:
+        best = _cmp(case).get("tilesmith_vs_best")
+        if not best or best.get("ratio") is None or best["ratio"] >= TARGETS["min_vs_best"]:
+            continue
+        lines.append(f"- **{case['case']}**: {_ratio(best)} of {ARM_LABELS.get(_cmp(case).get('best_mode'), '?')}.")
+        for t in ((case.get("arms") or {}).get("tilesmith") or {}).get("tracks") or []:
+            tried = "; ".join(f"{e.get('proposer')} → {e.get('status')}"
+                              + (f" {e['speedup']:.3f}×" if isinstance(e.get("speedup"), (int, float)) else "")
+                              + (f" ({e['reasons'][0]})" if e.get("reasons") else "")
+                              for e in t.get("evaluations") or []) or "nothing was evaluated"
+            lines.append(f"  - {t.get('graph_name')} ({t.get('status')}): {tried}")
+    if not lines:
+        return []
+    return ["", f"## Cases below {TARGETS['min_vs_best']}× of the best mode: what Tilesmith tried", "", *lines]
 
 
 def _cost_lines(cases: list[dict[str, Any]]) -> list[str]:

@@ -543,3 +543,15 @@ def test_run_signals_before_the_limit_kills_what_ignores_it_and_its_children(tmp
         time.sleep(0.1)
     else:
         pytest.fail("the case's child process outlived it")
+
+
+def test_markdown_explains_a_case_below_the_best_mode_with_the_gates_reasons():
+    result = _fake_result()
+    case = _fake_case("slow", 0.8, 1.0, installed=False)
+    case["arms"]["tilesmith"]["tracks"][0]["evaluations"] = [
+        {"proposer": "builtin:config", "status": "rejected_slower", "speedup": 0.97, "reasons": ["slower: 0.97"]}]
+    result["cases"].append(case)
+    text = report.markdown(result)
+    section = text.split("## Cases below 0.98× of the best mode")[1].split("\n## ")[0]
+    assert "**slow**: 0.800×" in section and "builtin:config → rejected_slower 0.970× (slower: 0.97)" in section
+    assert "**a**" not in section  # 1.21× is not a miss
