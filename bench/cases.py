@@ -1,8 +1,10 @@
 """The benchmark suite's cases: real model graphs built from ``examples/models.py`` with random weights.
 
 Each :class:`Case` builds a :class:`Workload` on a device: the module, its inputs, and (for training
-cases) the output gradient. Sizes are realistic but modest so the whole suite fits in ~8 minutes on one
-H200; ``tiny=True`` gives a few-kilobyte version of the same graph for CPU harness tests.
+cases) the output gradient. Sizes are realistic but modest (every input ≤ 1 GiB); ``tiny=True`` gives a
+few-kilobyte version of the same graph for CPU harness tests. ``Case.estimate_s`` is the expected wall time of
+the case's whole process on one H200 (``bench/suite.py --budget-s`` plans with it, see its docstring);
+:data:`SUBSETS` names groups of cases that fit one 10-minute device command each.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import torch
 
 from examples import models
 
-__all__ = ["CASES", "Case", "Workload", "get_case"]
+__all__ = ["CASES", "SUBSETS", "Case", "Workload", "expand_names", "get_case"]
 
 
 @dataclass
@@ -38,11 +40,20 @@ class Case:
     build: Callable[[torch.device, bool], Workload]
     """``build(device, tiny)`` returns a fresh, seeded workload."""
     train: bool = False
+    estimate_s: float = 60.0
+    """Expected seconds of the case's process on one H200 with every arm (start, graph capture, six compiles,
+    rounds, checks). Source: the 2026-11-30 H200 run (docs/benchmarks/results.json: process and compile times
+    per case; the process start and capture take ~13 s) plus, for the arms that run did not have, a guess:
+    ``max-autotune`` ≈ 0.3 × the ``max-autotune-no-cudagraphs`` compile (its autotuning results come from the
+    cache that arm filled), Tilesmith ≈ 30 s per graph + 0.3 × that compile; for new cases the
+    ``max-autotune-no-cudagraphs`` compile is guessed from the cases with the same kind of kernels. Replace
+    with measured ``process_s`` after an H200 run (results.md, "Cost per case")."""
 
 
 def _finish(model: torch.nn.Module, device: torch.device, dtype: torch.dtype, *, train: bool = False,
-            channels_last: bool = False) -> torch.nn.Module:
-    models.randomize_(model, seed=0)
+            channels_last: bool = False, randomize: bool = True) -> torch.nn.Module:
+    if randomize:
+        models.randomize_(model, seed=0)
     model = model.to(device=device, dtype=dtype)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
@@ -125,22 +136,133 @@ def _sdpa(device: torch.device, tiny: bool) -> Workload:
     return _workload(model, ("x", "keep"), (x, keep))
 
 
+def _softmax_fp32(device: torch.device, tiny: bool, two: bool = False) -> Workload:
+    rows, cols = (16, 64) if tiny else ((16384, 8192) if two else (32768, 8192))
+    model = _finish(models.RowSoftmax(two=two), device, torch.float32)
+    return _workload(model, ("x",), (_randn((rows, cols), device, torch.float32),))
+
+
+def _softmax2_fp32(device: torch.device, tiny: bool) -> Workload:
+    return _softmax_fp32(device, tiny, two=True)
+
+
+def _layernorm(device: torch.device, tiny: bool) -> Workload:
+    rows, dim = (16, 64) if tiny else (32768, 4096)
+    model = _finish(models.ResidualLayerNorm(dim), device, torch.bfloat16)
+    x = _randn((rows, dim), device, torch.bfloat16)
+    res = _randn((rows, dim), device, torch.bfloat16, seed=2)
+    return _workload(model, ("x", "residual"), (x, res))
+
+
+def _int8_gemv(device: torch.device, tiny: bool) -> Workload:
+    k, n = (64, 32) if tiny else (14336, 4096)
+    model = _finish(models.Int8WeightOnlyLinear(k, n), device, torch.bfloat16, randomize=False)
+    x = _randn((1, k), device, torch.bfloat16)
+    r = _randn((1, n), device, torch.bfloat16, seed=2)
+    return _workload(model, ("x", "r"), (x, r))
+
+
+def _groupnorm(device: torch.device, tiny: bool) -> Workload:
+    n, c, hw, groups = (2, 8, 4, 4) if tiny else (16, 512, 64, 32)
+    model = _finish(models.GroupNormSiLU(c, groups), device, torch.bfloat16)
+    return _workload(model, ("x",), (_randn((n, c, hw, hw), device, torch.bfloat16),))
+
+
+def _embed_rmsnorm(device: torch.device, tiny: bool) -> Workload:
+    vocab, dim, b, t = (64, 32, 2, 4) if tiny else (8192, 1024, 8, 16)
+    model = _finish(models.EmbedLinearRMSNorm(vocab, dim), device, torch.bfloat16)
+    idx = torch.randint(0, vocab, (b, t), generator=torch.Generator().manual_seed(3)).to(device)
+    return _workload(model, ("idx",), (idx,))
+
+
+def _permuted_sum(device: torch.device, tiny: bool) -> Workload:
+    shape = (16, 4, 8) if tiny else (2048, 32, 1024)
+    model = _finish(models.PermutedSum(), device, torch.float32)
+    return _workload(model, ("x",), (_randn(shape, device, torch.float32),))
+
+
+def _gather_bag(device: torch.device, tiny: bool) -> Workload:
+    rows, dim, bags, size = (64, 8, 4, 3) if tiny else (262144, 128, 16384, 32)
+    model = _finish(models.EmbeddingBagSum(rows, dim), device, torch.bfloat16)
+    gen = torch.Generator().manual_seed(3)
+    idx = torch.randint(0, rows, (bags, size), generator=gen).to(device)
+    w = torch.rand((bags, size), generator=gen).to(device=device, dtype=torch.bfloat16)
+    return _workload(model, ("idx", "w"), (idx, w))
+
+
+def _mlp_train(device: torch.device, tiny: bool) -> Workload:
+    dim, hidden, n = (32, 64, 8) if tiny else (1024, 4096, 256)
+    model = _finish(models.MLPBlock(dim, hidden), device, torch.bfloat16, train=True)
+    x = _randn((n, dim), device, torch.bfloat16)
+    grad = _randn((n, dim), device, torch.bfloat16, seed=2)
+    return _workload(model, ("x",), (x,), train=True, grad=grad)
+
+
 CASES: dict[str, Case] = {c.name: c for c in (
     Case("mlp_fp32", "MLP block 64×1024→4096→1024, GELU, residual LayerNorm, fp32 inference (launch-bound)",
-         _mlp),
-    Case("gpt2_block_bf16", "GPT-2 block (C=768, 12 heads, causal SDPA), B=8 T=1024, bf16 inference", _gpt2),
+         _mlp, estimate_s=70),
+    Case("gpt2_block_bf16", "GPT-2 block (C=768, 12 heads, causal SDPA), B=8 T=1024, bf16 inference", _gpt2,
+         estimate_s=115),
     Case("gpt2_block_bf16_train", "GPT-2 block training step, forward + backward, B=4 T=1024, bf16",
-         _gpt2_train, train=True),
+         _gpt2_train, train=True, estimate_s=180),
     Case("resnet_block_bf16_cl", "ResNet basic block 64ch 56×56, N=32, channels-last bf16, eval BatchNorm",
-         _resnet),
-    Case("softmax_bias_bf16", "softmax(x·0.125 + bias) over 8192×4096, bf16 (memory-bound)", _softmax),
+         _resnet, estimate_s=55),
+    Case("softmax_bias_bf16", "softmax(x·0.125 + bias) over 8192×4096, bf16 (memory-bound)", _softmax,
+         estimate_s=65),
     Case("llama_block_bf16", "Llama block: RMSNorm, RoPE, causal SDPA, SwiGLU; C=2048 B=4 T=1024, bf16",
-         _llama),
+         _llama, estimate_s=95),
     Case("embedding_ce_bf16", "Embedding + LayerNorm + tied LM head + cross-entropy, V=32768 C=768, "
-         "8×512 tokens, bf16", _emb_ce),
+         "8×512 tokens, bf16", _emb_ce, estimate_s=70),
     Case("sdpa_qknorm_mask_bf16", "Attention with QK RMS-norm and key-padding mask through SDPA, "
-         "C=1024 16 heads, B=8 T=1024, bf16", _sdpa),
+         "C=1024 16 heads, B=8 T=1024, bf16", _sdpa, estimate_s=70),
+    Case("softmax_fp32_long", "softmax(x, -1) over 32768×8192 fp32 rows (1 GiB input, memory-bound)",
+         _softmax_fp32, estimate_s=60),
+    Case("softmax2_sum_fp32", "softmax(x, -1) + softmax(x·0.5, -1) over 16384×8192 fp32 (two reductions "
+         "per row, one read of x if fused)", _softmax2_fp32, estimate_s=60),
+    Case("layernorm_residual_bf16", "h = x + residual; (LayerNorm(h), h) over 32768×4096 bf16 rows",
+         _layernorm, estimate_s=60),
+    Case("int8_gemv_bf16", "int8 weight-only decode GEMV r + (x @ W.to(bf16).T)·scale, x 1×14336 bf16, "
+         "W 4096×14336 int8 (buffers, as gpt-fast)", _int8_gemv, estimate_s=65),
+    Case("groupnorm_silu_bf16", "silu(GroupNorm(32, 512)(x)), x 16×512×64×64 bf16", _groupnorm, estimate_s=60),
+    Case("embed_rmsnorm_small_bf16", "RMSNorm(e + proj(e)), e = Embedding(8192, 1024)(idx), 8×16 tokens, bf16 "
+         "(launch-bound)", _embed_rmsnorm, estimate_s=65),
+    Case("permuted_sum_fp32", "x.permute(1, 0, 2).sum(1) over x 2048×32×1024 fp32 (strided reduction, "
+         "256 MiB)", _permuted_sum, estimate_s=60),
+    Case("gather_bag_bf16", "embedding-bag gather Σ table[idx]·w, table 262144×128 bf16, idx 16384×32 int64",
+         _gather_bag, estimate_s=60),
+    Case("mlp_train_bf16", "MLP block 256×1024→4096→1024 training step, forward + backward, bf16 "
+         "(launch-bound)", _mlp_train, train=True, estimate_s=110),
 )}
+
+SUBSETS: dict[str, tuple[str, ...]] = {
+    "part1": ("softmax_fp32_long", "layernorm_residual_bf16", "int8_gemv_bf16", "groupnorm_silu_bf16",
+              "embed_rmsnorm_small_bf16", "permuted_sum_fp32", "gather_bag_bf16", "softmax2_sum_fp32"),
+    "part2": ("mlp_fp32", "gpt2_block_bf16", "gpt2_block_bf16_train", "softmax_bias_bf16", "resnet_block_bf16_cl"),
+    "part3": ("llama_block_bf16", "embedding_ce_bf16", "sdpa_qknorm_mask_bf16", "mlp_train_bf16"),
+    "quick": ("softmax_fp32_long", "int8_gemv_bf16", "embed_rmsnorm_small_bf16"),
+}
+"""Named groups for ``--cases``: ``part1``–``part3`` partition :data:`CASES`, each estimated at ≤ ~8.5 minutes
+on one H200 (sum of ``estimate_s``), so that each fits one 10-minute device command; ``quick`` is a smoke set."""
+
+
+def expand_names(spec: str) -> list[str]:
+    """Case names of a comma-separated ``spec`` of case and subset names, in order, without repeats.
+
+    Raises ``KeyError`` naming the known cases and subsets for an unknown name.
+    """
+    names: list[str] = []
+    for item in (s.strip() for s in spec.split(",")):
+        if not item:
+            continue
+        if item in SUBSETS:
+            names += [n for n in SUBSETS[item] if n not in names]
+        elif item in CASES:
+            if item not in names:
+                names.append(item)
+        else:
+            raise KeyError(f"unknown benchmark case or subset {item!r}; cases: {', '.join(CASES)}; "
+                           f"subsets: {', '.join(SUBSETS)}")
+    return names
 
 
 def get_case(name: str) -> Case:

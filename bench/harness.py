@@ -1,26 +1,47 @@
-"""One benchmark case in one process: capture its graphs, cost them, then time every arm the same way.
+"""One benchmark case in one process: capture its graphs, cost them, compile every arm, then time the arms
+**interleaved**.
 
 Run by ``bench/suite.py`` as a subprocess per case (``python bench/harness.py case --case NAME ...``) so
-that no arm inherits another case's compiled code, CUDA graphs or allocator state; also
+that no case inherits another case's compiled code, CUDA graphs or allocator state; also
 ``python bench/harness.py limits --device cuda`` to measure the device ceilings once per suite run.
 
-Timing (the same for every arm; end to end per call of the compiled callable, forward + backward for
-training cases): the first call compiles (its wall time, synchronized, is ``compile_s``); then warm-up
-calls; then per timed call: untimed preparation (gradients set to ``None``), an L2 flush (zeroing a
-256 MiB buffer, as ``triton.testing.do_bench`` does), ``torch.cuda.synchronize()``, a CUDA event, the
-call, a CUDA event. The device is idle when the first event is recorded, so host launch overhead counts
-(that is what ``reduce-overhead`` removes). The statistic is the median over calls. On CPU (test mode)
-the host clock replaces the events and nothing is flushed.
+Method (the same for every arm; one call is end to end through the arm's callable, forward + ``backward(grad)``
+for training cases):
+
+1. **Compile.** Each arm gets its own copy of the module (``bench/arms.py``) and is compiled in the order of
+   ``bench.arms.ARMS``; its first call, synchronized, is ``compile_s`` (for Tilesmith: ``first_call_s``, the
+   first call including its optimization). Then ``warmup`` calls per arm, and one untimed warm-up round.
+2. **Rounds.** ``rounds`` rounds; each round runs every arm's *timed block* once, in the order of
+   :func:`bench.stats.round_orders` (shuffled per cycle, rotated per round). A block is ``calls_per_round``
+   timed calls; per call: untimed preparation (gradients set to ``None``,
+   ``torch.compiler.cudagraph_mark_step_begin()``), an L2 flush (zeroing a 256 MiB buffer, as
+   ``triton.testing.do_bench`` does), ``torch.cuda.synchronize()``, a CUDA event, the call, a CUDA event. The
+   device is idle at the first event, so host launch overhead counts (what CUDA graphs remove). The block's
+   statistic is the median of its calls.
+3. **Statistics** (``bench/stats.py``): per arm the median over rounds; per pair of arms the median over rounds
+   of the per-round ratio with a 95 % bootstrap interval.
+4. **Checks.** One more call per arm, compared with eager (relative L2 error over outputs and, for training,
+   parameter gradients); and the Dynamo compile counter around every timed block (an arm that compiles again
+   while timed is flagged: ``recompiles_while_timed``).
+
+An arm that fails (compile, warm-up, a round, the check) is reported with its error and the phase, and the
+others go on. **Deadline:** ``SIGUSR1`` (sent by the suite shortly before it would kill the case) during a
+compile interrupts that arm (a Tilesmith first call re-raises it, as it does ``KeyboardInterrupt``) and leaves
+later arms uncompiled, then the compiled arms are timed as usual; during the rounds it ends them after the
+current one. Either way the case still writes what it measured and says where it was ``interrupted``. On CPU (test mode) the host clock replaces the events, nothing is flushed and the process runs
+one intra-op thread.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import gc
 import json
 import math
 import os
+import signal
 import statistics
 import sys
 import time
@@ -35,14 +56,34 @@ if str(_REPO) not in sys.path:
 
 import torch  # noqa: E402
 
+from bench import stats  # noqa: E402
+from bench.arms import ARMS, MODES, build_arm, jsonable, tilesmith_records  # noqa: E402
+from bench.capture import CapturedFx, capture_graphs, cost_graphs  # noqa: E402, F401 - re-exported
 from bench.cases import Workload, get_case  # noqa: E402
-from tilesmith.records import ScalarSpec, TensorSpec  # noqa: E402
-from tilesmith.roofline import DeviceLimits, floor_from_cost, graph_cost, measure_device_limits  # noqa: E402
-
-ARMS = ("eager", "inductor", "max-autotune-no-cudagraphs", "reduce-overhead", "tilesmith")
-"""Arms in the order they run. ``inductor`` is ``torch.compile`` with the default mode."""
+from tilesmith.roofline import DeviceLimits, measure_device_limits  # noqa: E402
 
 FLUSH_BYTES = 256 * 2**20
+
+DEFAULTS = {"cuda": {"rounds": 18, "calls_per_round": 5, "warmup": 3},
+            "cpu": {"rounds": 6, "calls_per_round": 3, "warmup": 1}}
+"""Per device type: ``rounds`` (18 = three full cycles of six arms), timed calls per round, warm-up calls per arm."""
+
+RECOMPILE_LIMIT = 64
+"""``torch._dynamo.config.recompile_limit`` while a case runs: all compiled arms add entries to one code object."""
+
+
+class CaseDeadline(KeyboardInterrupt):
+    """The suite's deadline for this case arrived during a compile (a ``KeyboardInterrupt``, so that Tilesmith's
+    first call, which keeps the user's call alive on any other error, lets it through)."""
+
+
+_DEADLINE = {"hit": False, "raise": False}
+
+
+def _on_deadline(signum: int, frame: Any) -> None:
+    _DEADLINE["hit"] = True
+    if _DEADLINE["raise"]:
+        raise CaseDeadline("the suite's deadline for this case (SIGUSR1)")
 
 
 # ------------------------------------------------------------------------------------------- timing
@@ -74,98 +115,44 @@ def summarize(samples_ms: list[float], method: str) -> TimingStats:
                        pct(0.90), ordered[0], tuple(samples_ms))
 
 
-def time_calls(run: Callable[[], Any], prepare: Callable[[], Any], device: torch.device, *,
-               warmup: int, target_s: float, min_calls: int, max_calls: int) -> TimingStats:
-    """Time ``run()`` per call as the module docstring describes; ``prepare()`` runs untimed before each call.
-
-    The number of timed calls is ``target_s`` divided by the median warm-up call time, clamped to
-    ``[min_calls, max_calls]``.
-    """
-    cuda = device.type == "cuda"
-    flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device=device) if cuda else None
-    estimates = []
-    for _ in range(max(1, warmup)):
-        prepare()
-        t0 = time.perf_counter()
-        run()
-        if cuda:
-            torch.cuda.synchronize(device)
-        estimates.append(time.perf_counter() - t0)
-    per_call = max(statistics.median(estimates), 1e-6)
-    n = int(min(max_calls, max(min_calls, target_s / per_call)))
-    samples: list[float] = []
-    if cuda:
-        pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+def time_block(run: Callable[[], Any], prepare: Callable[[], Any], device: torch.device, calls: int,
+               flush: torch.Tensor | None) -> list[float]:
+    """``calls`` timed calls of ``run()`` in ms, ``prepare()`` untimed before each (module docstring, step 2)."""
+    if device.type == "cuda":
+        pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(calls)]
         for start, end in pairs:
             prepare()
-            flush.zero_()
+            if flush is not None:
+                flush.zero_()
             torch.cuda.synchronize(device)
             start.record()
             run()
             end.record()
         torch.cuda.synchronize(device)
-        samples = [s.elapsed_time(e) for s, e in pairs]
-        del flush
-        return summarize(samples, "cuda_event")
-    for _ in range(n):
+        return [s.elapsed_time(e) for s, e in pairs]
+    samples = []
+    for _ in range(calls):
         prepare()
         t0 = time.perf_counter()
         run()
         samples.append((time.perf_counter() - t0) * 1e3)
-    return summarize(samples, "host_clock")
+    return samples
 
 
-# ------------------------------------------------------------------------------------------ capture
-
-@dataclasses.dataclass(frozen=True)
-class CapturedFx:
-    """One graph as it reached Inductor's ``compile_fx_inner`` (record only: nothing is compiled)."""
-
-    name: str
-    kind: str
-    fx_program: str
-    inputs: tuple[Any, ...]
-
-
-def capture_graphs(workload: Workload) -> list[CapturedFx]:
-    """Trace ``workload`` through Dynamo and AOTAutograd exactly as Inductor would and keep each graph's FX text.
-
-    The inner compiler records ``print_readable(include_stride=True, include_device=True)`` and returns
-    the graph to run eagerly, so no kernel is generated; the AOT cache is off so that every graph is
-    seen. Dynamo is reset afterwards.
-    """
-    from torch._functorch.aot_autograd import make_boxed_func
-    from torch._inductor.compile_fx import compile_fx
-
-    records: list[CapturedFx] = []
-
-    def inner(gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
-        kind = "backward" if kwargs.get("is_backward") else "inference" if kwargs.get("is_inference") else "forward"
-        specs = tuple(
-            TensorSpec(tuple(t.shape), tuple(t.stride()), str(t.dtype), str(t.device), int(t.storage_offset()))
-            if isinstance(t, torch.Tensor) else ScalarSpec(t if isinstance(t, (int, float, bool)) else 0)
-            for t in example_inputs)
-        text = gm.print_readable(print_output=False, include_stride=True, include_device=True)
-        records.append(CapturedFx(f"{kwargs.get('graph_id', len(records))}_{kind}", kind, text, specs))
-        return make_boxed_func(gm.forward)
-
-    def backend(gm: torch.fx.GraphModule, example_inputs: Any, **_: Any) -> Any:
-        with torch._functorch.config.patch(enable_autograd_cache=False):
-            return compile_fx(gm, example_inputs, inner_compile=inner)
-
-    torch._dynamo.reset()
-    fn = torch.compile(workload.model, backend=backend)
+def compile_count() -> int:
+    """Graphs Dynamo has compiled in this process (``torch._dynamo.utils.counters["stats"]["unique_graphs"]``)."""
     try:
-        _call(fn, workload)
-        _sync(workload)
-    finally:
-        torch._dynamo.reset()
-    return records
+        from torch._dynamo.utils import counters
+
+        return int(counters["stats"]["unique_graphs"])
+    except Exception:  # noqa: BLE001 - another torch version: the check is skipped (always 0)
+        return 0
 
 
-# --------------------------------------------------------------------------------------------- arms
+# ---------------------------------------------------------------------------------------- one call
 
-def _call(fn: Callable[..., Any], workload: Workload) -> Any:
+def call(fn: Callable[..., Any], model: torch.nn.Module, workload: Workload) -> Any:
+    """One call of ``fn`` on the workload's inputs: ``no_grad`` for inference, ``out.backward(grad)`` for training."""
     if workload.train:
         out = fn(*workload.inputs)
         out.backward(workload.grad)
@@ -174,31 +161,37 @@ def _call(fn: Callable[..., Any], workload: Workload) -> Any:
         return fn(*workload.inputs)
 
 
+def prepare(model: torch.nn.Module, workload: Workload) -> None:
+    """Untimed, before every call: gradients to ``None`` (training) and a new CUDA-graph step."""
+    if workload.train:
+        model.zero_grad(set_to_none=True)
+    mark = getattr(torch.compiler, "cudagraph_mark_step_begin", None)
+    if mark is not None:
+        mark()
+
+
 def _sync(workload: Workload) -> None:
     if workload.inputs and workload.inputs[0].device.type == "cuda":
         torch.cuda.synchronize()
 
 
-def _zero_grads(workload: Workload) -> None:
-    if workload.train:
-        workload.model.zero_grad(set_to_none=True)
-
-
-def _snapshot(fn: Callable[..., Any], workload: Workload) -> list[torch.Tensor]:
-    """Outputs (and for training, parameter gradients) of one call, copied to fp32 on the device."""
-    _zero_grads(workload)
-    if hasattr(torch.compiler, "cudagraph_mark_step_begin"):
-        torch.compiler.cudagraph_mark_step_begin()
-    out = _call(fn, workload)
+def snapshot(fn: Callable[..., Any], model: torch.nn.Module, workload: Workload) -> list[torch.Tensor]:
+    """Outputs (and for training, parameter gradients) of one call, cloned at once (a CUDA-graph replay would
+    overwrite them) and as fp32 for floating tensors."""
+    prepare(model, workload)
+    out = call(fn, model, workload)
     outs = list(out) if isinstance(out, (tuple, list)) else [out]
     if workload.train:
-        outs += [p.grad for p in workload.model.parameters() if p.grad is not None]
-    return [o.detach().float().clone() if o.is_floating_point() else o.detach().clone() for o in outs]
+        outs += [p.grad for p in model.parameters() if p.grad is not None]
+    snap = [o.detach().float().clone() if o.is_floating_point() else o.detach().clone() for o in outs]
+    _sync(workload)
+    return snap
 
 
-def max_rel_error(got: list[torch.Tensor], ref: list[torch.Tensor]) -> float:
-    """Largest ``‖got - ref‖₂ / ‖ref‖₂`` over tensors (fp64); ``inf`` on a shape mismatch or a NaN/Inf position
-    mismatch; exact comparison for integer and boolean tensors (0 or ``inf``)."""
+def max_rel_error(got: list[torch.Tensor], ref: list[torch.Tensor], chunk: int = 1 << 24) -> float:
+    """Largest ``‖got - ref‖₂ / ‖ref‖₂`` over tensors (fp64, in chunks of ``chunk`` elements so a 1 GiB output
+    needs no 8 GiB temporaries); ``inf`` on a shape mismatch or a NaN/Inf position mismatch; exact comparison
+    for integer and boolean tensors (0 or ``inf``)."""
     if len(got) != len(ref):
         return math.inf
     worst = 0.0
@@ -208,171 +201,261 @@ def max_rel_error(got: list[torch.Tensor], ref: list[torch.Tensor]) -> float:
         if not r.is_floating_point():
             worst = max(worst, 0.0 if torch.equal(g, r) else math.inf)
             continue
-        g64, r64 = g.double(), r.double()
-        if not torch.equal(torch.isfinite(g64), torch.isfinite(r64)):
-            return math.inf
-        mask = torch.isfinite(r64)
-        denom = float(torch.linalg.vector_norm(r64[mask])) if mask.any() else 0.0
-        num = float(torch.linalg.vector_norm((g64 - r64)[mask])) if mask.any() else 0.0
-        worst = max(worst, num / denom if denom > 0 else (0.0 if num == 0 else math.inf))
+        gf, rf = g.reshape(-1), r.reshape(-1)
+        num = den = 0.0
+        for start in range(0, rf.numel(), chunk):
+            g64, r64 = gf[start:start + chunk].double(), rf[start:start + chunk].double()
+            finite = torch.isfinite(r64)
+            if not torch.equal(torch.isfinite(g64), finite):
+                return math.inf
+            num += float(torch.where(finite, g64 - r64, 0.0).square().sum())
+            den += float(torch.where(finite, r64, 0.0).square().sum())
+        err = math.sqrt(num) / math.sqrt(den) if den > 0 else (0.0 if num == 0 else math.inf)
+        worst = max(worst, err)
     return worst
-
-
-def build_arm(arm: str, workload: Workload, options: dict[str, Any]) -> tuple[Callable[..., Any], Any]:
-    """The callable an arm times, and (Tilesmith only) the handle for ``benchmarks``/``diagnostics``."""
-    if arm == "eager":
-        return workload.model, None
-    if arm == "inductor":
-        return torch.compile(workload.model), None
-    if arm in ("max-autotune-no-cudagraphs", "reduce-overhead"):
-        return torch.compile(workload.model, mode=arm), None
-    if arm == "tilesmith":
-        import tilesmith
-
-        kwargs = {k: options[k] for k in ("agency", "loops", "max_model_calls") if options.get(k) is not None}
-        m = tilesmith.compile(workload.model, example_inputs=workload.inputs, agent_model=options["agent"], **kwargs)
-        return m, m
-    raise ValueError(f"unknown arm {arm!r}; known: {', '.join(ARMS)}")
-
-
-def run_arm(arm: str, workload: Workload, options: dict[str, Any], reference: list[torch.Tensor] | None,
-            ) -> tuple[dict[str, Any], list[torch.Tensor] | None]:
-    """Compile (first call), warm up, time and check one arm. Never raises: errors go into the result."""
-    device = workload.inputs[0].device
-    result: dict[str, Any] = {"status": "error"}
-    snapshot = handle = None
-    try:
-        torch._dynamo.reset()
-        t0 = time.perf_counter()
-        fn, handle = build_arm(arm, workload, options)
-        _zero_grads(workload)
-        _call(fn, workload)
-        _sync(workload)
-        result["compile_s"] = None if arm == "eager" else time.perf_counter() - t0
-        result["first_call_s"] = time.perf_counter() - t0
-
-        def run() -> None:
-            _call(fn, workload)
-
-        def prepare() -> None:
-            _zero_grads(workload)
-            if hasattr(torch.compiler, "cudagraph_mark_step_begin"):
-                torch.compiler.cudagraph_mark_step_begin()
-
-        cuda = device.type == "cuda"
-        stats = time_calls(run, prepare, device, warmup=options.get("warmup", 5),
-                           target_s=options.get("target_s", 0.4 if cuda else 0.05),
-                           min_calls=options.get("min_calls", 20 if cuda else 5),
-                           max_calls=options.get("max_calls", 200 if cuda else 20))
-        result["timing"] = dataclasses.asdict(stats)
-        snapshot = _snapshot(fn, workload)
-        result["max_rel_err"] = 0.0 if reference is None else max_rel_error(snapshot, reference)
-        result["status"] = "ok"
-    except Exception as exc:  # noqa: BLE001 - one arm's failure must not lose the others
-        result["error"] = f"{type(exc).__name__}: {exc}"
-        result["traceback"] = traceback.format_exc(limit=8)
-    finally:
-        if handle is not None:
-            _tilesmith_records(handle, result)
-        _zero_grads(workload)
-        torch._dynamo.reset()
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-    return result, snapshot
-
-
-def _tilesmith_records(handle: Any, result: dict[str, Any]) -> None:
-    """Copy ``tilesmith.benchmarks`` and ``tilesmith.diagnostics`` of ``handle`` into ``result``."""
-    import tilesmith
-
-    for key, getter in (("benchmarks", tilesmith.benchmarks), ("diagnostics", tilesmith.diagnostics)):
-        try:
-            result[key] = [_jsonable(dataclasses.asdict(r)) for r in getter(handle)]
-        except Exception as exc:  # noqa: BLE001
-            result[f"{key}_error"] = f"{type(exc).__name__}: {exc}"
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return value
 
 
 # ---------------------------------------------------------------------------------------------- case
 
-def cost_graphs(graphs: list[CapturedFx], limits: DeviceLimits) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Per-graph costs and floors, and the end-to-end floor (the sum over graphs; ``None`` if any is uncostable)."""
-    rows = []
-    total_ms: float | None = 0.0
-    total_bytes = total_flops = 0
-    for g in graphs:
-        row: dict[str, Any] = {"name": g.name, "kind": g.kind}
-        try:
-            cost = graph_cost(g.fx_program, g.inputs)
-            floor = floor_from_cost(cost, limits)
-            row.update(bytes_read=cost.bytes_read, bytes_written=cost.bytes_written, flops=cost.flops,
-                       flops_by_dtype=dict(cost.flops_by_dtype), floor_ms=floor.floor_ms,
-                       memory_ms=1e3 * cost.bytes_moved / (limits.copy_gbps * 1e9),
-                       flops_tflops=floor.flops_tflops)
-            total_bytes += cost.bytes_moved
-            total_flops += cost.flops
-            total_ms = None if total_ms is None else total_ms + floor.floor_ms
-        except Exception as exc:  # noqa: BLE001
-            row["error"] = f"{type(exc).__name__}: {exc}"
-            total_ms = None
-        rows.append(row)
-    memory_ms = 1e3 * total_bytes / (limits.copy_gbps * 1e9)
-    bound = None if total_ms is None else ("memory" if memory_ms >= 0.999 * total_ms else "compute")
-    return rows, {"floor_ms": total_ms, "bytes_moved": total_bytes, "flops": total_flops,
-                  "memory_ms": memory_ms, "bound": bound}
+@dataclasses.dataclass
+class _Arm:
+    name: str
+    model: torch.nn.Module
+    result: dict[str, Any]
+    fn: Any = None
+    handle: Any = None
+    samples: list[float] = dataclasses.field(default_factory=list)
+    round_ms: list[float | None] = dataclasses.field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.result.get("status") != "error"
+
+    def fail(self, phase: str, exc: BaseException) -> None:
+        self.result.update(status="error", failed_in=phase, error=f"{type(exc).__name__}: {exc}",
+                           traceback=traceback.format_exc(limit=8))
+
+
+Builder = Callable[[str, torch.nn.Module, tuple[torch.Tensor, ...], dict[str, Any]], tuple[Any, Any]]
 
 
 def run_case(name: str, device: torch.device, limits: DeviceLimits, options: dict[str, Any],
-             out_path: Path | None = None) -> dict[str, Any]:
-    """Run every requested arm of case ``name``; the JSON is rewritten at ``out_path`` after each step."""
+             out_path: Path | None = None, build: Builder = build_arm) -> dict[str, Any]:
+    """Run case ``name`` as the module docstring describes; the JSON is rewritten at ``out_path`` after each
+    phase. ``options``: ``arms``, ``tiny``, ``rounds``, ``calls_per_round``, ``warmup``, ``seed`` and the
+    Tilesmith options of :func:`bench.arms.build_arm`. ``build`` makes an arm's callable (tests pass fakes)."""
     start = time.perf_counter()
     case = get_case(name)
+    defaults = DEFAULTS["cuda" if device.type == "cuda" else "cpu"]
+    rounds = int(options.get("rounds") or defaults["rounds"])
+    calls = int(options.get("calls_per_round") or defaults["calls_per_round"])
+    warmup = int(options.get("warmup") if options.get("warmup") is not None else defaults["warmup"])
+    seed = int(options.get("seed") or 0)
+    requested = [a for a in ARMS if a in (options.get("arms") or ARMS)]
     torch.manual_seed(0)
     workload = case.build(device, bool(options.get("tiny")))
-    result: dict[str, Any] = {"case": name, "description": case.description, "train": case.train,
-                              "tiny": bool(options.get("tiny")), "device": str(device), "inputs": workload.shapes,
-                              "arms": {}}
+    result: dict[str, Any] = {
+        "case": name, "description": case.description, "train": case.train, "tiny": bool(options.get("tiny")),
+        "device": str(device), "inputs": workload.shapes, "estimate_s": case.estimate_s, "status": "running",
+        "method": {"timer": "cuda_event" if device.type == "cuda" else "host_clock", "rounds": rounds,
+                   "calls_per_round": calls, "warmup_calls": warmup, "order_seed": seed,
+                   "flush_bytes": FLUSH_BYTES if device.type == "cuda" else 0, "compile_order": requested,
+                   "statistic": "median over rounds of the per-round median; ratios: median over rounds of "
+                                "the per-round ratio, 95 % percentile bootstrap"},
+        "arms": {}, "rounds": []}
 
     def save() -> None:
         result["wall_s"] = time.perf_counter() - start
         if out_path is not None:
             tmp = out_path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(_jsonable(result), indent=1))
+            tmp.write_text(json.dumps(jsonable(result), indent=1))
             os.replace(tmp, out_path)
 
     try:
         t0 = time.perf_counter()
-        graphs = capture_graphs(workload)
+        result["graphs"], result["floor"] = cost_graphs(capture_graphs(workload), limits)
         result["capture_s"] = time.perf_counter() - t0
-        result["graphs"], result["floor"] = cost_graphs(graphs, limits)
     except Exception as exc:  # noqa: BLE001
         result["capture_error"] = f"{type(exc).__name__}: {exc}"
         result["graphs"], result["floor"] = [], {"floor_ms": None}
+    result["method"]["recompile_limit"] = _raise_recompile_limit()
     save()
-    reference = None
-    for arm in options.get("arms") or ARMS:
-        arm_result, snapshot = run_arm(arm, workload, options, reference)
-        if arm == "eager" and snapshot is not None:
-            reference = snapshot
-        result["arms"][arm] = arm_result
-        save()
+
+    arms = []
+    for name_ in requested:
+        if _DEADLINE["hit"]:
+            result["arms"][name_] = {"status": "error", "failed_in": "not compiled",
+                                     "error": "the case's deadline came before this arm was compiled"}
+            continue
+        arms.append(_compile_arm(name_, workload, options, build, result, save, warmup))
+        if _DEADLINE["hit"]:
+            result["interrupted"] = f"while compiling {name_}"
+    t0 = time.perf_counter()
+    _run_rounds([a for a in arms if a.ok], workload, device, rounds, calls, seed, result, save)
+    result["rounds_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    _check(arms, workload)
+    result["check_s"] = time.perf_counter() - t0
+    for arm in arms:
+        if arm.handle is not None:
+            arm.result.update(tilesmith_records(arm.handle))
+        if arm.ok and arm.samples:
+            stats_ = summarize(arm.samples, result["method"]["timer"])
+            valid = [v for v in arm.round_ms if v is not None]
+            arm.result["timing"] = dataclasses.asdict(stats_) | {
+                "median_ms": stats.median(valid), "median_of_calls_ms": stats_.median_ms, "round_ms": arm.round_ms}
+    result["comparison"] = compare(result["arms"])
+    result["status"] = "done"
+    save()
     return result
+
+
+def _raise_recompile_limit() -> int | None:
+    config = torch._dynamo.config
+    for attr in ("recompile_limit", "cache_size_limit"):
+        if hasattr(config, attr):
+            setattr(config, attr, max(int(getattr(config, attr)), RECOMPILE_LIMIT))
+            return int(getattr(config, attr))
+    return None
+
+
+def _compile_arm(name: str, workload: Workload, options: dict[str, Any], build: Builder,
+                 result: dict[str, Any], save: Callable[[], None], warmup: int) -> _Arm:
+    arm = _Arm(name, copy.deepcopy(workload.model), {"status": "compiling"})
+    result["arms"][name] = arm.result
+    phase = "build"
+    _DEADLINE["raise"] = True
+    try:
+        before = compile_count()
+        t0 = time.perf_counter()
+        arm.fn, arm.handle = build(name, arm.model, workload.inputs, options)
+        phase = "first_call"
+        prepare(arm.model, workload)
+        call(arm.fn, arm.model, workload)
+        _sync(workload)
+        elapsed = time.perf_counter() - t0
+        arm.result.update(compile_s=None if name == "eager" else elapsed, first_call_s=elapsed,
+                          graphs_compiled=compile_count() - before)
+        if arm.handle is not None:
+            import tilesmith
+
+            tilesmith.wait(arm.handle)
+        phase = "warmup"
+        for _ in range(warmup):
+            prepare(arm.model, workload)
+            call(arm.fn, arm.model, workload)
+        _sync(workload)
+        arm.result["status"] = "ok"
+    except (Exception, CaseDeadline) as exc:  # noqa: BLE001 - one arm's failure must not lose the others
+        _DEADLINE["raise"] = False
+        arm.fail(phase, exc)
+        if arm.handle is not None:
+            arm.result.update(tilesmith_records(arm.handle))
+    finally:
+        _DEADLINE["raise"] = False
+    save()
+    return arm
+
+
+def _run_rounds(arms: list[_Arm], workload: Workload, device: torch.device, rounds: int, calls: int, seed: int,
+                result: dict[str, Any], save: Callable[[], None]) -> None:
+    flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device=device) if device.type == "cuda" else None
+    by_name = {a.name: a for a in arms}
+    orders = stats.round_orders([a.name for a in arms], rounds + 1, seed)
+    signalled_before = _DEADLINE["hit"]  # during a compile: the rounds of the compiled arms still run
+    for r, order in enumerate(orders):  # round 0 is the untimed warm-up round
+        if _DEADLINE["hit"] and not signalled_before and r > 1:
+            result["interrupted"] = f"after round {r - 1} of {rounds}"
+            break
+        entry: dict[str, Any] = {"order": order, "ms": {}}
+        for name in order:
+            arm = by_name[name]
+            if not arm.ok:
+                continue
+            before = compile_count()
+            try:
+                samples = time_block(lambda a=arm: call(a.fn, a.model, workload),
+                                     lambda a=arm: prepare(a.model, workload), device, calls, flush)
+            except Exception as exc:  # noqa: BLE001
+                arm.fail("warmup_round" if r == 0 else f"round {r}", exc)
+                continue
+            again = compile_count() - before
+            if again:
+                arm.result["recompiles_while_timed"] = arm.result.get("recompiles_while_timed", 0) + again
+            if r > 0:
+                entry["ms"][name] = stats.median(samples)
+                arm.samples += samples
+        if r > 0:
+            result["rounds"].append(entry)
+            for arm in arms:
+                arm.round_ms.append(entry["ms"].get(arm.name))
+            save()
+    del flush
+
+
+def _check(arms: list[_Arm], workload: Workload) -> None:
+    """Compare every arm's outputs with the eager arm's (``max_rel_err``; ``None`` without an eager reference)."""
+    reference = None
+    for arm in sorted(arms, key=lambda a: a.name != "eager"):
+        if not arm.ok:
+            continue
+        try:
+            snap = snapshot(arm.fn, arm.model, workload)
+            if arm.name == "eager":
+                reference = snap
+                arm.result["max_rel_err"] = 0.0
+            else:
+                arm.result["max_rel_err"] = None if reference is None else max_rel_error(snap, reference)
+            del snap
+        except Exception as exc:  # noqa: BLE001
+            arm.fail("check", exc)
+    if workload.train:
+        for arm in arms:
+            arm.model.zero_grad(set_to_none=True)
+    del reference
+    gc.collect()
+
+
+def compare(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """From the arms' per-round medians: the best mode (lowest median of :data:`bench.arms.MODES`), Tilesmith's
+    per-round ratio over every other arm and over the best mode (``other / tilesmith``, > 1: Tilesmith faster),
+    each arm's ratio over default Inductor (``inductor / arm``), and Tilesmith's first call over the
+    ``max-autotune-no-cudagraphs`` compile time."""
+    def rounds_of(arm: str) -> list[float | None] | None:
+        entry = arms.get(arm) or {}
+        if entry.get("status") != "ok":
+            return None
+        return (entry.get("timing") or {}).get("round_ms")
+
+    def median_of(arm: str) -> float | None:
+        return ((arms.get(arm) or {}).get("timing") or {}).get("median_ms") if rounds_of(arm) else None
+
+    modes = [m for m in MODES if median_of(m) is not None]
+    best = min(modes, key=lambda m: median_of(m)) if modes else None
+    out: dict[str, Any] = {"best_mode": best, "best_mode_ms": median_of(best) if best else None}
+    ts = rounds_of("tilesmith")
+    out["tilesmith_vs"] = {a: stats.ratio_stats(r, ts) for a in ARMS
+                           if a != "tilesmith" and ts and (r := rounds_of(a))}
+    out["tilesmith_vs_best"] = out["tilesmith_vs"].get(best) if best else None
+    base = rounds_of("inductor")
+    out["over_inductor"] = {a: stats.ratio_stats(base, r) for a in ARMS
+                            if a != "inductor" and base and (r := rounds_of(a))}
+    first = (arms.get("tilesmith") or {}).get("first_call_s")
+    manc = (arms.get("max-autotune-no-cudagraphs") or {}).get("compile_s")
+    out["tilesmith_first_call_s"], out["max_autotune_nc_compile_s"] = first, manc
+    out["first_call_over_max_autotune_nc"] = first / manc if first and manc else None
+    return out
 
 
 # ----------------------------------------------------------------------------------------------- CLI
 
 def _prepare_process(device: str) -> None:
+    """CPU test mode: the Vec-ISA probe skipped, and one intra-op thread, so that eager ATen kernels and the
+    OpenMP threads of Inductor's C++ kernels do not spin against each other on a small machine (seen: eager
+    calls of 0.05 ms taking 15–24 ms in some rounds on 2 cores)."""
     os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
+    if device == "cpu":
+        torch.set_num_threads(1)
     try:
         from tilesmith import _compat
 
@@ -398,6 +481,13 @@ def environment() -> dict[str, str]:
     return info
 
 
+def load_limits(path: Path) -> DeviceLimits:
+    """The :class:`DeviceLimits` in a JSON file written by ``harness.py limits``."""
+    fields = json.loads(Path(path).read_text())["limits"]
+    fields["matmul_sizes"] = tuple(tuple(x) for x in fields.get("matmul_sizes", ()))
+    return DeviceLimits(**fields)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -409,9 +499,12 @@ def main(argv: list[str] | None = None) -> int:
     one.add_argument("--device", default="cuda")
     one.add_argument("--limits", type=Path, required=True, help="JSON written by the limits command")
     one.add_argument("--out", type=Path, required=True)
-    one.add_argument("--options", default="{}", help="JSON: agent, agency, loops, max_model_calls, arms, tiny")
+    one.add_argument("--options", default="{}", help="JSON: agent, agency, loops, max_model_calls, arms, tiny, "
+                     "rounds, calls_per_round, warmup, seed")
     args = parser.parse_args(argv)
     _prepare_process(args.device)
+    if hasattr(signal, "SIGUSR1"):
+        signal.signal(signal.SIGUSR1, _on_deadline)
     device = torch.device(args.device)
     if args.command == "limits":
         limits = measure_device_limits(device)
@@ -420,14 +513,11 @@ def main(argv: list[str] | None = None) -> int:
             args.out.write_text(text)
         print(text)
         return 0
-    fields = json.loads(args.limits.read_text())["limits"]
-    fields["matmul_sizes"] = tuple(tuple(x) for x in fields.get("matmul_sizes", ()))
-    limits = DeviceLimits(**fields)
     if device.type == "cuda":
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
-    run_case(args.case, device, limits, json.loads(args.options), args.out)
+    run_case(args.case, device, load_limits(args.limits), json.loads(args.options), args.out)
     return 0
 
 

@@ -17,13 +17,20 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = [
+    "EmbedLinearRMSNorm",
+    "EmbeddingBagSum",
     "EmbeddingLossHead",
     "GPT2Block",
+    "GroupNormSiLU",
+    "Int8WeightOnlyLinear",
     "LlamaBlock",
     "MLPBlock",
+    "PermutedSum",
     "QKNormMaskedAttention",
     "RMSNorm",
     "ResNetBasicBlock",
+    "ResidualLayerNorm",
+    "RowSoftmax",
     "SoftmaxWithBias",
     "apply_rotary",
     "randomize_",
@@ -211,6 +218,118 @@ class QKNormMaskedAttention(nn.Module):
         q, k = self.q_norm(q), self.k_norm(k)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None, None, :])
         return self.out(y.transpose(1, 2).reshape(b, t, c))
+
+
+class RowSoftmax(nn.Module):
+    """Row softmax with no parameters: ``softmax(x, -1)``; with ``two=True`` the sum of two softmaxes of the
+    same rows at two temperatures, ``softmax(x, -1) + softmax(x * 0.5, -1)`` (one read of ``x`` if fused).
+
+    Input ``x``: ``[rows, cols]``; output the same shape and dtype.
+    """
+
+    def __init__(self, two: bool = False) -> None:
+        super().__init__()
+        self.two = two
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.softmax(x, dim=-1)
+        return y + torch.softmax(x * 0.5, dim=-1) if self.two else y
+
+
+class ResidualLayerNorm(nn.Module):
+    """Pre-norm residual stream step: ``h = x + residual``; returns ``(LayerNorm(h), h)``.
+
+    Inputs ``x``, ``residual``: ``[rows, dim]``; outputs two tensors of that shape and dtype.
+    """
+
+    def __init__(self, dim: int = 4096) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(dim)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = x + residual
+        return self.ln(h), h
+
+
+class Int8WeightOnlyLinear(nn.Module):
+    """gpt-fast's int8 weight-only linear layer plus a residual: ``r + (x @ W.to(x.dtype).T) * scales``.
+
+    ``weight`` (int8 ``[out, in]``) and ``scales`` (``[out]``, floating) are buffers, as in gpt-fast's
+    ``WeightOnlyInt8Linear``, so ``torch.compile`` sees them as module state rather than parameters. They are
+    set by symmetric per-row quantization of a seeded ``N(0, 1/in)`` matrix (``scales = absmax / 127``), so
+    :func:`randomize_` must not be applied afterwards (it would overwrite ``scales``).
+
+    Inputs: ``x [..., in]`` and ``r [..., out]`` (bf16 for decode: ``[1, in]``); output ``[..., out]``.
+    """
+
+    def __init__(self, in_features: int = 14336, out_features: int = 4096, seed: int = 0) -> None:
+        super().__init__()
+        gen = torch.Generator().manual_seed(seed)
+        w = torch.randn(out_features, in_features, generator=gen) / math.sqrt(in_features)
+        scales = w.abs().amax(dim=1).clamp_min(1e-8) / 127.0
+        self.register_buffer("weight", torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8))
+        self.register_buffer("scales", scales)
+
+    def forward(self, x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+        return r + F.linear(x, self.weight.to(dtype=x.dtype)) * self.scales
+
+
+class GroupNormSiLU(nn.Module):
+    """``silu(GroupNorm(groups, channels)(x))``, the normalization step of diffusion U-Nets and VAEs.
+
+    Input ``x``: ``[N, channels, H, W]``; output the same shape and dtype.
+    """
+
+    def __init__(self, channels: int = 512, groups: int = 32) -> None:
+        super().__init__()
+        self.norm = nn.GroupNorm(groups, channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.silu(self.norm(x))
+
+
+class EmbedLinearRMSNorm(nn.Module):
+    """``RMSNorm(e + proj(e))`` with ``e = Embedding(idx)``: a small, launch-bound front of a language model.
+
+    Input ``idx``: int64 ``[B, T]`` in ``[0, vocab)``; output ``[B, T, dim]`` in the module's dtype.
+    """
+
+    def __init__(self, vocab: int = 8192, dim: int = 1024) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim)
+        self.proj = nn.Linear(dim, dim, bias=False)
+        self.norm = RMSNorm(dim)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        e = self.emb(idx)
+        return self.norm(e + self.proj(e))
+
+
+class PermutedSum(nn.Module):
+    """A strided reduction: ``x.permute(1, 0, 2).sum(dim=1)``, i.e. the sum over ``x``'s outermost dim read
+    through a permuted view (stride ``B·C`` elements between the reduced elements), accumulated in fp32.
+
+    Input ``x``: ``[A, B, C]``; output ``[B, C]`` in fp32.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.permute(1, 0, 2).float().sum(dim=1)
+
+
+class EmbeddingBagSum(nn.Module):
+    """Embedding-bag style gather: ``Σ_j table[idx[i, j]] · w[i, j]`` over each bag, accumulated in fp32.
+
+    Inputs: ``idx`` int64 ``[bags, bag_size]`` in ``[0, rows)``, ``w`` ``[bags, bag_size]`` per-sample weights
+    (the table's dtype). Output ``[bags, dim]`` fp32.
+    """
+
+    def __init__(self, rows: int = 262144, dim: int = 128) -> None:
+        super().__init__()
+        self.table = nn.Parameter(torch.zeros(rows, dim))
+
+    def forward(self, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        rows = torch.index_select(self.table, 0, idx.flatten()).view(*idx.shape, -1)
+        return (rows.float() * w.float()[..., None]).sum(dim=1)
 
 
 @torch.no_grad()

@@ -3,7 +3,9 @@
 #
 #   scripts/gpu-suite.sh [tests] [main] [overhead] [cache] [bench] [calib] [llm]   # default: tests main overhead
 #   GPU_TESTS="tests/gpu/test_gate_gpu.py" scripts/gpu-suite.sh tests              # a subset of the GPU tests
-#   BENCH_CASES=mlp_fp32,gpt2_block_bf16 BENCH_BUDGET_S=300 scripts/gpu-suite.sh bench
+#   scripts/gpu-suite.sh bench                  # the benchmark suite, fresh, within 530 s (docs/benchmarks.md)
+#   BENCH_RESUME=1 scripts/gpu-suite.sh bench   # continue it in the next call (cases the budget skipped)
+#   BENCH_CASES=part2 BENCH_BUDGET_S=300 BENCH_ARGS="--rounds 30" scripts/gpu-suite.sh bench
 #   CALIB_ARGS="--aa 200 --gain 50" scripts/gpu-suite.sh calib
 #   CACHE_RECHECK=background CACHE_REPEATS=2 scripts/gpu-suite.sh cache                # default: both modes, 3 pairs
 #   CACHE_RECHECK=background CACHE_ARGS="--profile" scripts/gpu-suite.sh cache         # extra bench/cache_hit.py args
@@ -39,9 +41,15 @@ for part in "${parts[@]}"; do
                 "$PY" bench/cache_hit.py --device cuda --repeats "${CACHE_REPEATS:-3}" --recheck "$mode" \
                   --out "$OUT/cache-hit-$mode${CACHE_TAG:-}" ${CACHE_ARGS:-} 2>&1 | tee "$OUT/cache-hit-$mode${CACHE_TAG:-}.log"; rc=$((rc|${PIPESTATUS[0]}))
               done ;;
-    bench)    "$PY" bench/suite.py --out "${BENCH_OUT:-$OUT/benchmarks}" --budget-s "${BENCH_BUDGET_S:-480}" \
-                --timeout-per-case "${BENCH_CASE_TIMEOUT_S:-240}" ${BENCH_CASES:+--cases "$BENCH_CASES"} 2>&1 \
-                | tee "$OUT/bench.log"; rc=$((rc|${PIPESTATUS[0]})) ;;
+    bench)    bout="${BENCH_OUT:-/tmp/tilesmith-bench}"   # survives between calls while the machine stays warm
+              [[ -n "${BENCH_RESUME:-}" ]] || rm -rf "$bout"/results.json "$bout"/limits.json "$bout"/tilesmith-cache
+              "$PY" bench/suite.py --out "$bout" ${BENCH_RESUME:+--resume} --budget-s "${BENCH_BUDGET_S:-530}" \
+                --timeout-per-case "${BENCH_CASE_TIMEOUT_S:-420}" --cases "${BENCH_CASES:-part1,part2,part3}" \
+                ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"; rc=$((rc|${PIPESTATUS[0]}))
+              mkdir -p "$OUT/benchmarks/logs"
+              cp "$bout"/results.json "$bout"/results.md "$bout"/limits.json "$OUT/benchmarks/" 2>/dev/null
+              cp "$bout"/results.png "$OUT/benchmarks/" 2>/dev/null; cp "$bout"/logs/*.log "$OUT/benchmarks/logs/" 2>/dev/null
+              ;;
     calib)    "$PY" bench/gate_calibration.py ${CALIB_ARGS:-} 2>&1 | tee "$OUT/gate-calibration.log"; rc=$((rc|${PIPESTATUS[0]})) ;;
     llm)      "$PY" -m pytest -q -ra -s -m gpu tests/gpu/test_llm_e2e_gpu.py 2>&1 | tee "$OUT/llm-e2e.log"; rc=$((rc|${PIPESTATUS[0]})) ;;
     *)        echo "unknown part $part"; rc=2 ;;
