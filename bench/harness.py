@@ -325,6 +325,8 @@ def _compile_arm(name: str, workload: Workload, options: dict[str, Any], build: 
     result["arms"][name] = arm.result
     phase = "build"
     _DEADLINE["raise"] = True
+    restore = _cold_caches(name) if options.get("cold_caches", True) and name != "eager" else {}
+    arm.result["cold_caches"] = bool(restore)
     try:
         before = compile_count()
         t0 = time.perf_counter()
@@ -353,8 +355,30 @@ def _compile_arm(name: str, workload: Workload, options: dict[str, Any], build: 
             arm.result.update(tilesmith_records(arm.handle))
     finally:
         _DEADLINE["raise"] = False
+        for var, value in restore.items():
+            if value is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = value
     save()
     return arm
+
+
+#: Compiler caches each arm gets empty for its compile (Inductor and Triton read them from the environment at
+#: every lookup; processes Tilesmith starts inherit them): no arm's compile time or autotuning benefits from
+#: another arm's — e.g. Tilesmith's max-autotune variant from the max-autotune arm's autotuning results.
+COLD_CACHE_VARS = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+
+
+def _cold_caches(arm: str) -> dict[str, str | None]:
+    """Point :data:`COLD_CACHE_VARS` at a new empty folder for ``arm``; returns the previous values."""
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix=f"bench-{arm}-"))
+    previous = {var: os.environ.get(var) for var in COLD_CACHE_VARS}
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder / "inductor")
+    os.environ["TRITON_CACHE_DIR"] = str(folder / "triton")
+    return previous
 
 
 def _run_rounds(arms: list[_Arm], workload: Workload, device: torch.device, rounds: int, calls: int, seed: int,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import re
 import math
 import os
 import subprocess
@@ -478,7 +479,7 @@ def test_tiny_cpu_suite_runs_two_cases_interleaved_and_writes_the_reports(tmp_pa
         assert all(t["evaluations"][0]["proposer"] == "bench:noop" for t in tracks)
     assert result["summary"]["cases_compared"] == 2
     md = (out / "results.md").read_text()
-    assert "| mlp_fp32 |" in md and "| mlp_train_bf16 | 1_backward |" in md
+    assert "| mlp_fp32 |" in md and re.search(r"\| mlp_train_bf16 \| \d+_backward \|", md)  # AOT ids count per process
     assert (out / "results.png").read_bytes()[:4] == b"\x89PNG"
     assert (out / "logs" / "mlp_fp32.log").exists()
     assert not (tmp_path / "ts-cache" / "runs").exists() or any((tmp_path / "ts-cache" / "runs").iterdir())
