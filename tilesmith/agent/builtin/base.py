@@ -62,6 +62,8 @@ class GraphContext:
     min_improvement: float = 0.02
     profile: Profile | None = None
     profile_error: str | None = None
+    fx_program: str = ""
+    """``CapturedGraph.fx_program``: the FX program the wrapper computes (pattern generators match on it)."""
 
     @property
     def is_cuda(self) -> bool:

@@ -34,6 +34,7 @@ from tilesmith.agent.builtin.base import Generator, GraphContext, Skip
 from tilesmith.agent.builtin.cleanup import CleanupGenerator
 from tilesmith.agent.builtin.cudagraph import CudaGraphGenerator
 from tilesmith.agent.builtin.launch_config import LaunchConfigGenerator
+from tilesmith.agent.builtin.native import NativeKernelGenerator
 from tilesmith.agent.protocol import StopOptimization
 
 log = logging.getLogger("tilesmith")
@@ -43,7 +44,7 @@ NAME = "tilesmith/builtin"
 
 def default_generators() -> list[Generator]:
     """The generators in their fixed tie-break order (also the order without measurements)."""
-    return [CudaGraphGenerator(), LaunchConfigGenerator(), CleanupGenerator()]
+    return [CudaGraphGenerator(), LaunchConfigGenerator(), CleanupGenerator(), NativeKernelGenerator()]
 
 
 class BuiltinOptimizer:
@@ -130,6 +131,7 @@ class BuiltinOptimizer:
             mutated_input_idxs=tuple(getattr(graph, "mutated_input_idxs", ()) or ()),
             constant_names=tuple(getattr(graph, "constant_names", ()) or ()),
             min_improvement=min_improvement,
+            fx_program=str(getattr(graph, "fx_program", "") or ""),
         )
 
     @staticmethod
