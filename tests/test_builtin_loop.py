@@ -127,7 +127,7 @@ def test_cpu_graph_ends_exhausted_without_evaluating_or_searching(tmp_path):
     opt.optimize(s)
     assert s.evaluations == [] and opt.outcome == "exhausted"
     reasons = dict(opt.history)
-    assert set(reasons) == {"cudagraph", "launch_config", "wrapper_cleanup"}
+    assert set(reasons) == {"cudagraph", "launch_config", "wrapper_cleanup", "native_kernels"}
     assert all(r.startswith("skipped: CPU graph") for r in reasons.values())
     assert [n.kind for n in s.notes] == ["builtin_exhausted"]
 

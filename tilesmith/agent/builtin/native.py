@@ -172,12 +172,16 @@ def _import_block(plan: NativePlan, key: Any, module: str) -> str:
 
 
 class NativeKernelGenerator:
-    """Generator 4 (see the module docstring). ``builder`` replaces the extension build (tests)."""
+    """Generator 4 (see the module docstring).
+
+    ``build(family, device) -> Build`` replaces :func:`tilesmith.kernels.build.ensure_built` and ``limits`` the
+    measured :class:`~tilesmith.roofline.DeviceLimits` (tests); with ``build`` set no toolchain is probed.
+    """
 
     name = NAME
 
-    def __init__(self, *, builder: Any = None, limits: Any = None):
-        self._builder = builder
+    def __init__(self, *, build: Any = None, limits: Any = None):
+        self._build_fn = build
         self._limits = limits
         self._plans: dict[str, NativePlan | str] = {}
 
@@ -205,7 +209,7 @@ class NativeKernelGenerator:
         plan = self.plan(ctx)
         if isinstance(plan, str):
             return f"no native kernel pattern ({plan})"
-        if self._builder is None:
+        if self._build_fn is None:
             from tilesmith.kernels.build import KernelBuildError, find_toolchain
 
             try:
@@ -247,7 +251,7 @@ class NativeKernelGenerator:
         from tilesmith.kernels.build import KernelBuildError, ensure_built
 
         try:
-            return ensure_built(plan.family, ctx.device, builder=self._builder)
+            return (self._build_fn or ensure_built)(plan.family, ctx.device)
         except KernelBuildError as exc:
             raise Skip(f"native kernel build failed: {exc}") from None
 
