@@ -8,7 +8,7 @@ Per graph (:meth:`BuiltinOptimizer.optimize`):
    need it are then skipped, the others run in the fixed order below.
 3. Repeatedly pick, among the generators not yet tried, the one with the highest expected gain *on the
    current incumbent* (a measured estimate; unknown counts as 0 and keeps the fixed order
-   ``cudagraph``, ``launch_config``, ``wrapper_cleanup``), build its candidate from
+   ``cudagraph``, ``launch_config``, ``wrapper_cleanup``, ``native_kernels``), build its candidate from
    ``session.incumbent_source()``, write it into a new turn of the attempt ring (keeping the FX header
    the ring wrote) and let the gate evaluate it. A generator whose measured expected gain is below half of
    ``TILESMITH_MIN_IMPROVEMENT`` is skipped rather than spending a gate evaluation.
@@ -18,8 +18,9 @@ Per graph (:meth:`BuiltinOptimizer.optimize`):
 Each generator proposes at most once per graph; an accepted candidate becomes the incumbent, so a later
 loop builds on it (for example launch configurations pinned inside a CUDA-graph-replayed wrapper).
 
-On CPU (test mode) no generator applies: CUDA graphs and Triton launch configurations are CUDA-only and
-CPU wrappers have no stream lookups. The optimizer then evaluates nothing and ends "exhausted".
+On CPU (test mode) no generator applies: CUDA graphs, Triton launch configurations and the native kernels
+are CUDA-only and CPU wrappers have no stream lookups. The optimizer then evaluates nothing and ends
+"exhausted".
 """
 
 from __future__ import annotations
