@@ -112,7 +112,8 @@ def patterns(mods: dict[str, Any]) -> list[dict[str, Any]]:
          "kernel": i8.int8_linear_kernel(x, w, 0), "bytes": nbytes(x, w, s, r) + 4096 * 2, "ref": ref_int8},
         {"name": "two_softmax_fp32", "shape": "softmax(a) + softmax(b), 32768x8192 fp32", "fn": two_softmax,
          "inputs": (a, b), "dtype": torch.float32,
-         "native": {"native": lambda: sm.softmax(a, b, 1.0, None, 1.0, None, 0)}, "kernel": "register",
+         "native": {"native": lambda: sm.softmax(a, b, 1.0, None, 1.0, None, 0),
+                    "native_looped": lambda: sm.softmax(a, b, 1.0, None, 1.0, None, 2)}, "kernel": "register",
          "bytes": nbytes(a, b, a), "ref": lambda: [torch.softmax(a.double(), -1) + torch.softmax(b.double(), -1)]},
         {"name": "residual_rmsnorm_bf16", "shape": "h = x + r; rmsnorm(h) * w; returns (out, h), 32768x4096 bf16",
          "fn": rms_residual, "inputs": (hx, hr, nw), "dtype": BF,
@@ -303,9 +304,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{e['name']:26s} {e['floor_ms']:9.4f} {m['native']:10.4f} {show(e['native_over_floor']):>18s} "
               f"{m['inductor']:12.4f} {show(e['inductor_over_native']):>18s} {m['max_autotune']:10.4f} "
               f"{show(e['max_autotune_over_native']):>18s}  {'yes' if ok else 'NO'}")
-    if gemv:
-        extra = ", ".join(f"{k} {v:.4f} ms" for k, v in gemv["median_ms"].items() if k.startswith("native_"))
-        print(f"int8_gemv kernel picked: {gemv['kernel']}; variants: {extra}")
+    for e in rows:
+        extra = ", ".join(f"{k} {v:.4f} ms" for k, v in e["median_ms"].items() if k.startswith("native_"))
+        if extra:
+            print(f"{e['name']}: auto picks {e['kernel']}; forced variants: {extra}")
     builds_line = ", ".join(f"{f} {'built' if b['built'] else 'loaded'} {b['seconds']:.1f} s"
                             for f, b in result["builds"].items())
     print(f"builds: {builds_line} (wall {result['build_wall_s']:.1f} s); second-process load: "

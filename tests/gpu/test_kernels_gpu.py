@@ -239,6 +239,10 @@ def _int8_fn(x, w, s, r):
     return r + (x @ w.to(torch.bfloat16).T) * s
 
 
+def _int8_fp16_fn(x, w, s, r):
+    return r + (x @ w.to(torch.float16).T) * s
+
+
 def _sm2_fn(a, b):
     return torch.softmax(a, -1) + torch.softmax(b, -1)
 
@@ -275,7 +279,7 @@ def test_matcher_falls_back_on_other_dtypes_and_dynamic_shapes():
     x, w, s, _, r = int8_operands(1, 256, 512)
     assert match_program(capture_graphs(Workload(_Fn(_int8_fn), (x, w, s, r)))[0].fx_program).family == "int8_linear"
     with pytest.raises(NoMatch, match="not bf16"):
-        match_program(capture_graphs(Workload(_Fn(_int8_fn), (x.half(), w, s.half(), r.half())))[0].fx_program)
+        match_program(capture_graphs(Workload(_Fn(_int8_fp16_fn), (x.half(), w, s.half(), r.half())))[0].fx_program)
     a = torch.randn(64, 1024, device=DEV)
     torch._dynamo.mark_dynamic(a, 0)
     with pytest.raises(NoMatch, match="dynamic shapes"):

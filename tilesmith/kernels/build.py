@@ -30,7 +30,6 @@ import subprocess
 import sys
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -337,11 +336,11 @@ def _compile(key: BuildKey, builder: Callable[..., Any] | None, folder: Path) ->
         from torch.utils.cpp_extension import load as builder
     started = time.perf_counter()
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # compiler-version advisories; failures raise
-            module = builder(name=name, sources=[str(src / s) for s in sources], build_directory=str(build_dir),
-                             extra_cflags=list(CXX_FLAGS), extra_cuda_cflags=list(key.cuda_flags),
-                             extra_include_paths=[str(src)], with_cuda=True, verbose=False)
+        # (No warnings.catch_warnings() here: it swaps the process-global filter list, which is not safe with
+        # the parallel builds of ensure_built_many; torch's compiler-version advisories are left alone.)
+        module = builder(name=name, sources=[str(src / s) for s in sources], build_directory=str(build_dir),
+                         extra_cflags=list(CXX_FLAGS), extra_cuda_cflags=list(key.cuda_flags),
+                         extra_include_paths=[str(src)], with_cuda=True, verbose=False)
     except Exception as exc:  # noqa: BLE001 - any compiler/linker/import failure becomes a diagnostic
         log = folder / "build.log"
         text = f"{type(exc).__name__}: {exc}"
