@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU test suite and the benchmarks, in one call on a CUDA machine (the H200 through the device tool).
 #
-#   scripts/gpu-suite.sh [tests] [main] [overhead] [cache] [bench] [calib] [llm]   # default: tests main overhead
+#   scripts/gpu-suite.sh [tests] [main] [overhead] [kernels] [cache] [bench] [calib] [llm]   # default: tests main overhead
 #   GPU_TESTS="tests/gpu/test_gate_gpu.py" scripts/gpu-suite.sh tests              # a subset of the GPU tests
 #   scripts/gpu-suite.sh bench                  # the benchmark suite, fresh, within 530 s (docs/benchmarks.md)
 #   BENCH_RESUME=1 scripts/gpu-suite.sh bench   # continue it in the next call (cases the budget skipped)
@@ -37,6 +37,7 @@ for part in "${parts[@]}"; do
                 tests/test_bench_suite.py tests/test_llm_profiling.py} 2>&1 | tee "$OUT/gpu-tests.log" | grep -vE "^DEBUG" ; rc=$((rc|${PIPESTATUS[0]})) ;;
     main)     "$PY" examples/main_job.py 2>&1 | tee "$OUT/main-job.log"; rc=$((rc|${PIPESTATUS[0]})) ;;
     overhead) "$PY" bench/call_overhead.py 2>&1 | tee "$OUT/call-overhead.log"; rc=$((rc|${PIPESTATUS[0]})) ;;
+    kernels)  "$PY" bench/kernels.py --out "$OUT/kernels.json" 2>&1 | tee "$OUT/kernels.log"; rc=$((rc|${PIPESTATUS[0]})) ;;
     cache)    for mode in ${CACHE_RECHECK:-blocking background}; do
                 "$PY" bench/cache_hit.py --device cuda --repeats "${CACHE_REPEATS:-3}" --recheck "$mode" \
                   --out "$OUT/cache-hit-$mode${CACHE_TAG:-}" ${CACHE_ARGS:-} 2>&1 | tee "$OUT/cache-hit-$mode${CACHE_TAG:-}.log"; rc=$((rc|${PIPESTATUS[0]}))

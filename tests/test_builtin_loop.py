@@ -127,7 +127,7 @@ def test_cpu_graph_ends_exhausted_without_evaluating_or_searching(tmp_path):
     opt.optimize(s)
     assert s.evaluations == [] and opt.outcome == "exhausted"
     reasons = dict(opt.history)
-    assert set(reasons) == {"cudagraph", "launch_config", "wrapper_cleanup", "config"}
+    assert set(reasons) == {"cudagraph", "launch_config", "wrapper_cleanup", "native_kernels", "config"}
     assert all(r.startswith("skipped: CPU graph") for k, r in reasons.items() if k != "config")
     assert "not serialized" in reasons["config"]  # the configuration generator's CPU path: test_builtin_configs
     assert [n.kind for n in s.notes] == ["builtin_exhausted"]

@@ -155,6 +155,14 @@ _SETTINGS = (
     Setting("TILESMITH_GATE_PAIRS", "30", _positive_int,
             "Paired timing samples (baseline and candidate, order randomized per pair) in each gate phase: "
             "the first measurement and the fresh confirmation each take this many."),
+    Setting("TILESMITH_NATIVE_KERNELS", "1", _bool,
+            "Let the built-in agent's 'native_kernels' generator propose hand-written CUDA C++ kernels for the "
+            "patterns it recognizes (int8 decode GEMV, row softmax, residual + RMSNorm/LayerNorm), building them "
+            "on first use with torch.utils.cpp_extension; 0 never builds or proposes them."),
+    Setting("TILESMITH_KERNEL_DIR", None, _text,
+            "Folder of the native kernel builds (one per source/compiler/GPU/torch key, built once per machine "
+            "and reused by later processes). Default: <TILESMITH_CACHE_DIR root>/kernels. Gate workers get it "
+            "(read-only) as the one TILESMITH_* variable passed to them."),
     Setting("TILESMITH_GATE_RUN_TIMEOUT_S", "120", _positive_float,
             "Seconds one gate check or timing request may take once the candidate is loaded (extended "
             "automatically for graphs whose original call is slow); past it the worker is killed and the "

@@ -39,7 +39,9 @@ Check ids (``CheckFailure.check``) and events (CPython 3.11/3.12 audit events ta
 * ``audit_file_read`` — anywhere: ``open`` for reading or listing a directory outside the private
   directory, the Python installation, imported packages, system directories (``/usr``, ``/lib*``,
   ``/etc``, ``/opt``, ``/bin``, ``/sbin``, ``/sys``, ``/dev``, ``/proc`` except other processes'
-  ``/proc/<pid>``) and ``CUDA_HOME``; ``sys.path`` entries may be listed (import scanning).
+  ``/proc/<pid>``), ``CUDA_HOME`` and the folders passed to :func:`install` (the worker passes Tilesmith's
+  native kernel directory, ``TILESMITH_KERNEL_DIR``: prebuilt kernels a candidate loads read-only);
+  ``sys.path`` entries may be listed (import scanning).
 * ``audit_process`` — direct: ``subprocess.Popen``, ``os.exec*``, ``os.spawn*``, ``os.posix_spawn``,
   ``os.putenv``/``os.unsetenv``; anywhere: ``os.system``, ``os.fork``, ``os.forkpty``, ``os.kill``,
   ``os.killpg`` (signals to the worker itself excepted: they can only crash it) and a ``subprocess.Popen`` started by a library under
@@ -131,8 +133,9 @@ def _under(path: str, roots: tuple[str, ...]) -> bool:
 class _State:
     """Everything the hook needs; reachable only from the hook's closure and the Audit handle."""
 
-    def __init__(self, private_dir: str) -> None:
+    def __init__(self, private_dir: str, readable: tuple[str, ...] = ()) -> None:
         self.private = os.path.realpath(private_dir)
+        self.extra_readable = tuple(os.path.realpath(p) for p in readable if p)
         self.armed = False
         self.busy: set[int] = set()
         self.records: list[dict[str, Any]] = []
@@ -160,7 +163,7 @@ class _State:
                                          "installed_platbase": sys.base_exec_prefix})
         self.stdlib = tuple({os.path.realpath(base[k]) for k in ("stdlib", "platstdlib") if base.get(k)})
         self.site = tuple({os.path.realpath(p) for p in _site_dirs()})
-        roots = {self.private, *self.stdlib, *self.site, *_SYSTEM_READ_ROOTS}
+        roots = {self.private, *self.stdlib, *self.site, *_SYSTEM_READ_ROOTS, *self.extra_readable}
         for prefix in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
                        os.path.dirname(os.path.dirname(sys.executable))):
             roots.add(os.path.realpath(prefix))
@@ -401,11 +404,16 @@ class Audit:
         return out
 
 
-def install(private_dir: str) -> Audit:
-    """Add the worker's audit hook (once per process; it stays for the process's life)."""
+def install(private_dir: str, readable: tuple[str, ...] = ()) -> Audit:
+    """Add the worker's audit hook (once per process; it stays for the process's life).
+
+    ``readable``: extra folders candidate code may read through libraries (never write): the worker passes
+    Tilesmith's native kernel directory (``TILESMITH_KERNEL_DIR``), which ``tilesmith.kernels.runtime``
+    reads when a candidate loads a prebuilt kernel.
+    """
     import _thread
 
-    state = _State(private_dir)
+    state = _State(private_dir, readable)
     getframe = sys._getframe
     ident = _thread.get_ident
 

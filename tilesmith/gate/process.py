@@ -65,7 +65,10 @@ def worker_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
     Removed: :data:`tilesmith.settings.PROVIDER_KEY_VARIABLES`, secret settings, any name containing one
     of :data:`SECRET_NAME_PARTS`, any variable whose value contains a provider key's value, and all
     ``TILESMITH_*`` variables (the worker gets its configuration in protocol messages). Added: the
-    directory that holds the ``tilesmith`` package at the front of ``PYTHONPATH``;
+    directory that holds the ``tilesmith`` package at the front of ``PYTHONPATH``; ``TILESMITH_KERNEL_DIR``
+    set to the resolved native kernel directory (the one ``TILESMITH_*`` variable a worker gets: candidates
+    load prebuilt kernels from it, and the worker's audit hook allows reading it, see
+    :mod:`tilesmith.kernels.runtime`);
     ``TORCHINDUCTOR_COMPILE_THREADS=1`` unless set (kernels compile in the worker process itself, so no
     compile pool outlives a kill); ``PYTHONUNBUFFERED=1``.
     """
@@ -82,6 +85,9 @@ def worker_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
         if any(s in value for s in secrets):
             continue
         clean[name] = value
+    from tilesmith.kernels.runtime import kernel_dir
+
+    clean["TILESMITH_KERNEL_DIR"] = os.path.realpath(kernel_dir(env))
     root = str(Path(tilesmith.__file__).resolve().parent.parent)
     clean["PYTHONPATH"] = os.pathsep.join([root] + ([clean["PYTHONPATH"]] if clean.get("PYTHONPATH") else []))
     clean.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")

@@ -70,7 +70,10 @@ def main() -> int:
     # only once armed, right before the candidate's import (tilesmith.gate.audit).
     from tilesmith.gate import audit
 
-    auditor = audit.install(os.getcwd())
+    # Tilesmith's native kernel builds (tilesmith.kernels.runtime reads them when a candidate loads one):
+    # readable, never writable (docs/gate.md, "Native kernels").
+    kernel_dir = os.environ.get("TILESMITH_KERNEL_DIR", "")
+    auditor = audit.install(os.getcwd(), readable=(kernel_dir,) if kernel_dir else ())
     _watch_parent()
     from tilesmith.gate.worker_core import Worker
 

@@ -67,6 +67,8 @@ class GraphContext:
     incumbent_ms: float | None = None
     """Time per call of the current incumbent in the profile's units (the original's ``eager_ms`` until a
     candidate is accepted, then that over the gate's speedup); the configuration proposals' gains use it."""
+    fx_program: str = ""
+    """``CapturedGraph.fx_program``: the FX program the wrapper computes (pattern generators match on it)."""
 
     @property
     def is_cuda(self) -> bool:

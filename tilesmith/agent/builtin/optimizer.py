@@ -8,7 +8,7 @@ Per graph (:meth:`BuiltinOptimizer.optimize`):
    need it are then skipped, the others run in the fixed order below.
 3. Repeatedly pick, among the generators not yet tried, the one with the highest expected gain *on the
    current incumbent* (a measured estimate; unknown counts as 0 and keeps the fixed order
-   ``cudagraph``, ``launch_config``, ``wrapper_cleanup``), build its candidate from
+   ``cudagraph``, ``launch_config``, ``wrapper_cleanup``, ``native_kernels``), build its candidate from
    ``session.incumbent_source()``, write it into a new turn of the attempt ring (keeping the FX header
    the ring wrote) and let the gate evaluate it. A generator whose measured expected gain is below half of
    ``TILESMITH_MIN_IMPROVEMENT`` is skipped rather than spending a gate evaluation.
@@ -18,8 +18,9 @@ Per graph (:meth:`BuiltinOptimizer.optimize`):
 Each generator proposes at most once per graph; an accepted candidate becomes the incumbent, so a later
 loop builds on it (for example launch configurations pinned inside a CUDA-graph-replayed wrapper).
 
-On CPU (test mode) no generator applies: CUDA graphs and Triton launch configurations are CUDA-only and
-CPU wrappers have no stream lookups. The optimizer then evaluates nothing and ends "exhausted".
+On CPU (test mode) no generator applies: CUDA graphs, Triton launch configurations and the native kernels
+are CUDA-only and CPU wrappers have no stream lookups. The optimizer then evaluates nothing and ends
+"exhausted".
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from tilesmith.agent.builtin.cleanup import CleanupGenerator
 from tilesmith.agent.builtin import configs
 from tilesmith.agent.builtin.cudagraph import REPLAY_OVERHEAD_MS, CudaGraphGenerator
 from tilesmith.agent.builtin.launch_config import LaunchConfigGenerator
+from tilesmith.agent.builtin.native import NativeKernelGenerator
 from tilesmith.agent.protocol import StopOptimization
 
 log = logging.getLogger("tilesmith")
@@ -44,7 +46,7 @@ NAME = "tilesmith/builtin"
 
 def default_generators() -> list[Generator]:
     """The generators in their fixed tie-break order (also the order without measurements)."""
-    return [CudaGraphGenerator(), LaunchConfigGenerator(), CleanupGenerator()]
+    return [CudaGraphGenerator(), LaunchConfigGenerator(), CleanupGenerator(), NativeKernelGenerator()]
 
 
 class BuiltinOptimizer:
@@ -216,6 +218,7 @@ class BuiltinOptimizer:
             mutated_input_idxs=tuple(getattr(graph, "mutated_input_idxs", ()) or ()),
             constant_names=tuple(getattr(graph, "constant_names", ()) or ()),
             min_improvement=min_improvement,
+            fx_program=str(getattr(graph, "fx_program", "") or ""),
         )
 
     @staticmethod

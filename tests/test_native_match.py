@@ -1,0 +1,229 @@
+"""The native-kernel pattern matcher (tilesmith/agent/builtin/native_match.py) on real FX programs.
+
+FX programs are captured on CPU through Dynamo + AOTAutograd exactly as Inductor receives them
+(``bench.harness.capture_graphs``: no kernel is compiled) at small shapes, plus the H200 fixtures
+(tests/fixtures/inductor-h200/*.fx.txt), none of which is one of the patterns.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bench.harness import Workload, capture_graphs
+from tests.fixture_paths import H200
+from tilesmith.agent.builtin.native_fx import parse_fx
+from tilesmith.agent.builtin.native_match import NORM_MAX_D, NoMatch, match_program
+
+BF = torch.bfloat16
+K, N, D = 64, 48, 128
+
+
+def fx_of(fn, *inputs) -> str:
+    graphs = capture_graphs(Workload(fn, inputs))
+    assert len(graphs) == 1, [g.name for g in graphs]
+    return graphs[0].fx_program
+
+
+def rms_llama(x, r, w):
+    h = x + r
+    hf = h.float()
+    return (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * w, h
+
+
+def _int8(n=N, k=K):
+    torch.manual_seed(0)
+    return torch.randint(-127, 127, (n, k), dtype=torch.int8)
+
+
+CASES = {
+    # name: (function, inputs, family, function name, args as placeholder-index-or-literal, returns)
+    "int8_scale_residual": (lambda x, w, s, r: r + (x @ w.to(BF).T) * s,
+                            (torch.randn(1, K, dtype=BF), _int8(), torch.rand(N, dtype=BF), torch.randn(1, N, dtype=BF))),
+    "int8_linear_bias": (lambda x, w, s, b: F.linear(x, w.to(x.dtype)) * s + b,
+                         (torch.randn(4, K, dtype=BF), _int8(), torch.rand(N, dtype=BF), torch.randn(N, dtype=BF))),
+    "int8_3d_fp32_scale": (lambda x, w, s: F.linear(x, w.to(x.dtype)) * s,
+                           (torch.randn(2, 3, K, dtype=BF), _int8(), torch.rand(N))),
+    "int8_strided_x": (lambda x, w, s: F.linear(x, w.to(x.dtype)) * s,
+                       (torch.randn(1, 2 * K, dtype=BF)[:, :K], _int8(), torch.rand(N, dtype=BF))),
+    "softmax_two": (lambda a, b: torch.softmax(a, -1) + torch.softmax(b, -1), (torch.randn(8, 256), torch.randn(8, 256))),
+    "softmax_two_bf16": (lambda a, b: torch.softmax(a, -1) + torch.softmax(b, -1),
+                         (torch.randn(8, 256, dtype=BF), torch.randn(8, 256, dtype=BF))),
+    "softmax_scale_bias": (lambda a, b: torch.softmax(a * 0.125 + b, -1), (torch.randn(8, 256), torch.randn(256))),
+    "softmax_divided": (lambda a: torch.softmax(a / 4.0, -1), (torch.randn(8, 256),)),
+    "softmax_strided": (lambda a: torch.softmax(a, -1), (torch.randn(8, 512)[:, :256],)),
+    "rms_llama_returns_sum": (rms_llama, (torch.randn(16, D, dtype=BF), torch.randn(16, D, dtype=BF),
+                                          torch.randn(D, dtype=BF))),
+    "rms_functional": (lambda x, r, w: F.rms_norm(x + r, (D,), w, 1e-6),
+                       (torch.randn(16, D, dtype=BF), torch.randn(16, D, dtype=BF), torch.randn(D, dtype=BF))),
+    "rms_fp32_no_residual": (lambda x, w: F.rms_norm(x, (D,), w, 1e-6), (torch.randn(16, D), torch.randn(D))),
+    "layer_norm_residual": (lambda x, r, w, b: F.layer_norm(x + r, (D,), w, b, 1e-5),
+                            (torch.randn(4, 4, D, dtype=BF), torch.randn(4, 4, D, dtype=BF), torch.randn(D, dtype=BF),
+                             torch.randn(D, dtype=BF))),
+    "layer_norm_returns_sum_twice_computed": (lambda x, r, w, b: (F.layer_norm(x + r, (D,), w, b, 1e-5), x + r),
+                                              (torch.randn(16, D, dtype=BF), torch.randn(16, D, dtype=BF),
+                                               torch.randn(D, dtype=BF), torch.randn(D, dtype=BF))),
+    "layer_norm_strided_no_affine": (lambda x: F.layer_norm(x, (D,), None, None, 1e-5),
+                                     (torch.randn(16, 2 * D, dtype=BF)[:, :D],)),
+}
+
+REFUSED = {
+    "int8_too_many_rows": ((lambda x, w, s: F.linear(x, w.to(x.dtype)) * s,
+                            (torch.randn(32, K, dtype=BF), _int8(), torch.rand(N, dtype=BF))), "32 rows of x"),
+    "int8_bias_before_scale": ((lambda x, w, s, b: (F.linear(x, w.to(x.dtype)) + b) * s,
+                                (torch.randn(1, K, dtype=BF), _int8(), torch.rand(N, dtype=BF), torch.randn(N, dtype=BF))),
+                               "an addition before the scale"),
+    "int8_fp16_activations": ((lambda x, w, s: F.linear(x, w.to(x.dtype)) * s,
+                               (torch.randn(1, K, dtype=torch.float16), _int8(), torch.rand(N, dtype=torch.float16))),
+                              "not bf16"),
+    "softmax_other_dim": ((lambda a: torch.softmax(a, 0), (torch.randn(8, 256),)), "last dimension"),
+    "softmax_then_sigmoid": ((lambda a, b: torch.softmax(a * 0.125 + b, -1) * torch.sigmoid(a),
+                              (torch.randn(8, 256), torch.randn(256))), "softmax"),
+    "softmax_to_fp32": ((lambda a: torch.softmax(a, -1, dtype=torch.float32), (torch.randn(8, 256, dtype=BF),)),
+                        "keeps shape and dtype"),
+    "norm_transposed_input": ((lambda x, w, b: F.layer_norm(x, (D,), w, b, 1e-5),
+                               (torch.randn(D, 16, dtype=BF).t(), torch.randn(D, dtype=BF), torch.randn(D, dtype=BF))),
+                              "not a row layout"),
+    "norm_too_wide": ((lambda x: F.rms_norm(x, (NORM_MAX_D + 8,), None, 1e-6), (torch.randn(2, NORM_MAX_D + 8),)),
+                      f"at most {NORM_MAX_D}"),
+    "norm_plus_extra_op": ((lambda x, w: F.rms_norm(x, (D,), w, 1e-6) * 2.0, (torch.randn(4, D), torch.randn(D))),
+                           "norm: .*expected kind"),
+}
+
+
+@pytest.fixture(scope="module")
+def captured():
+    return {name: fx_of(fn, *inputs) for name, (fn, inputs) in CASES.items()}
+
+
+EXPECTED = {
+    "int8_scale_residual": ("int8_linear", ["x", "w", "s", None, "r", "torch.bfloat16", "0"], (None,)),
+    "int8_linear_bias": ("int8_linear", ["x", "w", "s", "b", None, "torch.bfloat16", "0"], (None,)),
+    "int8_3d_fp32_scale": ("int8_linear", ["x", "w", "s", None, None, "torch.float32", "0"], (None,)),
+    "int8_strided_x": ("int8_linear", ["x", "w", "s", None, None, "torch.bfloat16", "0"], (None,)),
+    "softmax_two": ("softmax", ["a", "b", "1.0", None, "1.0", None, "0"], (None,)),
+    "softmax_two_bf16": ("softmax", ["a", "b", "1.0", None, "1.0", None, "0"], (None,)),
+    "softmax_scale_bias": ("softmax", ["a", None, "0.125", "b", "1.0", None, "0"], (None,)),
+    "softmax_divided": ("softmax", ["a", None, "0.25", None, "1.0", None, "0"], (None,)),
+    "softmax_strided": ("softmax", ["a", None, "1.0", None, "1.0", None, "0"], (None,)),
+    "rms_llama_returns_sum": ("rms_norm", ["x", "r", "w", "1e-06", "True", "True"], (0, 1)),
+    "rms_functional": ("rms_norm", ["x", "r", "w", "9.999999974752427e-07", "False", "False"], (0,)),
+    "rms_fp32_no_residual": ("rms_norm", ["x", None, "w", "9.999999974752427e-07", "False", "False"], (0,)),
+    "layer_norm_residual": ("layer_norm", ["x", "r", "w", "b", "1e-05", "False"], (0,)),
+    "layer_norm_returns_sum_twice_computed": ("layer_norm", ["x", "r", "w", "b", "1e-05", "True"], (0, 1)),
+    "layer_norm_strided_no_affine": ("layer_norm", ["x", None, None, None, "1e-05", "False"], (0,)),
+}
+
+
+_ABBR = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16", torch.int8: "i8"}
+
+
+def _candidates(meta, fn, inputs) -> set[str]:
+    """Parameters of ``fn`` whose example input has the placeholder's layout and dtype (Dynamo orders graph
+    inputs by first use, not by parameter position)."""
+    names = fn.__code__.co_varnames[:fn.__code__.co_argcount]
+    return {n for n, t in zip(names, inputs, strict=True)
+            if tuple(t.shape) == meta.shape and tuple(t.stride()) == meta.stride and _ABBR[t.dtype] == meta.dtype}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_pattern_graphs_match_with_the_right_arguments(name, captured):
+    fn, inputs = CASES[name]
+    plan = match_program(captured[name])
+    function, args, returns = EXPECTED[name]
+    assert plan.function == function and plan.returns == returns, plan
+    g = parse_fx(captured[name])
+    params = set(fn.__code__.co_varnames[:fn.__code__.co_argcount])
+    assert len(plan.args) == len(args)
+    for got, want in zip(plan.args, args, strict=True):
+        if want is None:
+            assert got.literal == "None", (name, plan.args)
+        elif want in params:
+            assert got.input is not None and want in _candidates(g.nodes[g.placeholders[got.input]].meta, fn, inputs), \
+                (name, want, plan.args)
+        else:
+            assert got.literal == want, (name, plan.args)
+    assert plan.bytes_moved > 0 and plan.description
+
+
+def test_inputs_of_identical_layout_map_to_their_own_roles(captured):
+    """a/b of the two softmaxes and x/r of the norm have identical layouts: two distinct inputs each."""
+    for name in ("softmax_two", "rms_llama_returns_sum", "layer_norm_residual"):
+        plan = match_program(captured[name])
+        assert {plan.args[0].input, plan.args[1].input} == {0, 1}, (name, plan.args)
+
+
+def test_each_softmax_keeps_its_own_scale_and_bias():
+    fx = fx_of(lambda a, b, c: torch.softmax(a * 0.5, -1) + torch.softmax(b * 2.0 + c, -1),
+               torch.randn(8, 256), torch.randn(8, 256), torch.randn(256))
+    g = parse_fx(fx)
+    plan = match_program(fx)
+    bias = next(p for p in g.placeholders if g.nodes[p].meta.shape == (256,))
+    add = next(n for n in g.nodes.values() if n.op == "aten.add.Tensor" and any(getattr(a, "name", "") == bias
+                                                                                 for a in n.args))
+    scaled_by_two = next(a for a in add.args if a.name != bias)
+    b_input = g.nodes[scaled_by_two.name].args[0].name
+    idx = g.placeholders.index
+    assert plan.args[1].input == idx(b_input) and plan.args[4].literal == "2.0" and plan.args[5].input == idx(bias)
+    assert plan.args[0].input not in (idx(b_input), idx(bias)) and plan.args[2].literal == "0.5"
+    assert plan.args[3].literal == "None"
+
+
+def test_int8_bytes_are_weight_activations_epilogue_and_output(captured):
+    plan = match_program(captured["int8_scale_residual"])
+    assert plan.bytes_moved == N * K + K * 2 + N * 2 + N * 2 + N * 2  # W, x, scale, residual, out
+    assert "K=64" in plan.description and "* scale + residual" in plan.description
+
+
+def test_softmax_and_norm_bytes(captured):
+    assert match_program(captured["softmax_two"]).bytes_moved == 3 * 8 * 256 * 4
+    assert match_program(captured["softmax_scale_bias"]).bytes_moved == 2 * 8 * 256 * 4 + 256 * 4
+    # x, r read; out and h written; the weight read once
+    assert match_program(captured["rms_llama_returns_sum"]).bytes_moved == 4 * 16 * D * 2 + D * 2
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_other_graphs_are_refused_with_the_reason(name):
+    (fn, inputs), reason = REFUSED[name]
+    with pytest.raises(NoMatch, match=reason):
+        match_program(fx_of(fn, *inputs))
+
+
+def test_dynamic_shapes_are_refused():
+    fx = (H200 / "dynamic_softmax__11.fx.txt").read_text()
+    with pytest.raises(NoMatch, match="dynamic shapes"):
+        match_program(fx)
+    torch._dynamo.reset()
+    graphs = capture_graphs(Workload(lambda a: torch.softmax(a, -1), (torch.randn(8, 256),)))
+    text = graphs[0].fx_program.replace("f32[8, 256][256, 1]", "f32[s0, 256][256, 1]")
+    with pytest.raises(NoMatch, match="dynamic shapes"):
+        match_program(text)
+
+
+@pytest.mark.parametrize("path", sorted(H200.glob("*.fx.txt")), ids=lambda p: p.stem)
+def test_no_h200_fixture_is_a_pattern(path):
+    with pytest.raises(NoMatch):
+        match_program(path.read_text())
+
+
+def test_the_softmax_fixture_without_its_sigmoid_is_the_scaled_biased_softmax():
+    fx = (H200 / "softmax_bias_bf16_infer__06.fx.txt").read_text()
+    cut = fx[:fx.index("        sigmoid:")] + "        return (convert_element_type_1,)\n"
+    plan = match_program(cut)
+    assert plan.function == "softmax"
+    assert [a.input if a.input is not None else a.literal for a in plan.args] == [0, "None", "0.125", 1, "1.0", "None",
+                                                                                   "0"]
+    assert plan.bytes_moved == 2 * 8192 * 4096 * 2 + 4096 * 2
+    with pytest.raises(NoMatch, match="several devices"):
+        match_program((H200 / "mixed_device__12.fx.txt").read_text())
+
+
+def test_unparseable_or_constant_reading_programs_are_refused():
+    with pytest.raises(NoMatch, match="not parseable"):
+        match_program("class x(:\n")
+    fx = fx_of(lambda a: torch.softmax(a, -1), torch.randn(4, 32))
+    with_attr = fx.replace("def forward(self, arg0_1", "def forward(self, arg0_1").replace(
+        "        amax", "        _frozen_param0: \"f32[32][1]cpu\" = self._frozen_param0\n        amax", 1)
+    with pytest.raises(NoMatch, match="module constants"):
+        match_program(with_attr)

@@ -1,0 +1,183 @@
+// Residual add + RMSNorm / LayerNorm over wide rows. One block per row: the row (x, and the residual r) is
+// read once with 16-byte loads into registers, the residual sum h is written once when asked for, the
+// statistics are block reductions (warp shuffles, then one shared-memory step across warps; LayerNorm's
+// variance is the exact two-pass sum of (h - mean)^2 from registers), and the normalized row is written
+// once. fp32 arithmetic for every dtype.
+#include "common.cuh"
+#include "norm.h"
+
+namespace tsk {
+
+template <int FLOATS>
+struct NormThreads {
+  static constexpr int value = FLOATS > 16 ? 512 : 1024;
+};
+
+template <typename T, int NV, bool VEC, bool LN>
+__global__ void __launch_bounds__(NormThreads<NV * Elem<T>::VEC>::value, 1) norm_kernel(NormArgs p) {
+  constexpr int V = Elem<T>::VEC;
+  __shared__ float scratch[33];
+  const long long row = blockIdx.x;
+  const long long step = static_cast<long long>(blockDim.x) * V;
+  const long long e0 = static_cast<long long>(threadIdx.x) * V;
+  const T* x = static_cast<const T*>(p.x) + row * p.sx;
+  const T* r = p.r ? static_cast<const T*>(p.r) + row * p.sr : nullptr;
+  float v[NV][V];
+  float sum = 0.f;
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const long long e = e0 + i * step;
+    if constexpr (VEC) {
+      if (e < p.D) {
+        Elem<T>::unpack(ld_stream(x + e), v[i]);
+        if (r) {
+          float rv[V];
+          Elem<T>::unpack(ld_stream(r + e), rv);
+#pragma unroll
+          for (int k = 0; k < V; ++k) v[i][k] = Elem<T>::round(v[i][k] + rv[k]);
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < V; ++k) v[i][k] = 0.f;
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const long long j = e + k;
+        float h = j < p.D ? Elem<T>::get(x, j) : 0.f;
+        if (r && j < p.D) h = Elem<T>::round(h + Elem<T>::get(r, j));
+        v[i][k] = h;
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < V; ++k) sum += LN ? v[i][k] : v[i][k] * v[i][k];  // padding elements are 0
+  }
+  if (p.h) {
+    T* h = static_cast<T*>(p.h) + row * p.sh;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const long long e = e0 + i * step;
+      if constexpr (VEC) {
+        if (e < p.D) st_stream(h + e, Elem<T>::pack(v[i]));
+      } else {
+#pragma unroll
+        for (int k = 0; k < V; ++k)
+          if (e + k < p.D) Elem<T>::put(h, e + k, v[i][k]);
+      }
+    }
+  }
+  const float inv_d = 1.f / static_cast<float>(p.D);
+  float mean = 0.f, rstd;
+  if constexpr (LN) {
+    mean = block_sum(sum, scratch) * inv_d;
+    float sq = 0.f;
+#pragma unroll
+    for (int i = 0; i < NV; ++i)
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const bool ok = e0 + i * step + k < p.D;
+        const float d = v[i][k] - mean;
+        sq += ok ? d * d : 0.f;
+      }
+    rstd = rsqrtf(block_sum(sq, scratch) * inv_d + p.eps);
+  } else {
+    rstd = rsqrtf(block_sum(sum, scratch) * inv_d + p.eps);
+  }
+  const T* w = static_cast<const T*>(p.w);
+  const T* b = static_cast<const T*>(p.b);
+  T* out = static_cast<T*>(p.out) + row * p.sout;
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const long long e = e0 + i * step;
+    if (e >= p.D) continue;
+    float wv[V], bv[V];
+    if constexpr (VEC) {
+      if (w) Elem<T>::unpack(ld_cached(w + e), wv);
+      if (LN && b) Elem<T>::unpack(ld_cached(b + e), bv);
+    } else {
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const bool ok = e + k < p.D;
+        wv[k] = (w && ok) ? Elem<T>::get(w, e + k) : 1.f;
+        bv[k] = (LN && b && ok) ? Elem<T>::get(b, e + k) : 0.f;
+      }
+    }
+    float o[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      float y = LN ? (v[i][k] - mean) * rstd : v[i][k] * rstd;
+      if (w) {
+        if (!LN && p.round_before_weight) y = Elem<T>::round(y);
+        y *= wv[k];
+      }
+      if (LN && b) y += bv[k];
+      o[k] = y;
+    }
+    if constexpr (VEC) {
+      st_stream(out + e, Elem<T>::pack(o));
+    } else {
+#pragma unroll
+      for (int k = 0; k < V; ++k)
+        if (e + k < p.D) Elem<T>::put(out, e + k, o[k]);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------- launch
+constexpr int kMaxFloats = 32;
+
+static long long threads_for(int floats) { return floats > 16 ? 512 : 1024; }
+
+long long norm_max_d(int dtype) {
+  const int v = dtype == kF32 ? 4 : 8;
+  long long best = 0;
+  for (int nv = 1; nv * v <= kMaxFloats; nv *= 2) {
+    const long long cap = threads_for(nv * v) * nv * v;
+    best = cap > best ? cap : best;
+  }
+  return best;
+}
+
+template <typename T, bool VEC, bool LN>
+static cudaError_t launch_typed(const NormArgs& p, cudaStream_t stream) {
+  constexpr int V = Elem<T>::VEC;
+  const long long nvec = (p.D + V - 1) / V;
+  int nv = 4 * V <= kMaxFloats ? 4 : kMaxFloats / V;
+  while (nv > 1 && (nvec + nv - 1) / nv < 128) nv /= 2;
+  while (nv * V < kMaxFloats && (nvec + nv - 1) / nv > threads_for(nv * V)) nv *= 2;
+  if ((nvec + nv - 1) / nv > threads_for(nv * V)) return cudaErrorInvalidValue;  // the binding refuses first
+  const int threads = static_cast<int>(max(32LL, ((nvec + nv - 1) / nv + 31) / 32 * 32));
+  const unsigned grid = static_cast<unsigned>(p.rows);
+  switch (nv) {
+    case 1: norm_kernel<T, 1, VEC, LN><<<grid, threads, 0, stream>>>(p); break;
+    case 2: norm_kernel<T, 2, VEC, LN><<<grid, threads, 0, stream>>>(p); break;
+    case 4:
+      if constexpr (4 * V <= kMaxFloats) norm_kernel<T, 4, VEC, LN><<<grid, threads, 0, stream>>>(p);
+      break;
+    default:
+      if constexpr (8 * V <= kMaxFloats) norm_kernel<T, 8, VEC, LN><<<grid, threads, 0, stream>>>(p);
+      break;
+  }
+  return cudaGetLastError();
+}
+
+template <typename T>
+static cudaError_t launch_dtype(const NormArgs& p, cudaStream_t stream) {
+  constexpr int V = Elem<T>::VEC;
+  bool vec = p.D % V == 0 && aligned16(p.x) && aligned16(p.out) && p.sx % V == 0 && p.sout % V == 0;
+  if (p.r) vec = vec && aligned16(p.r) && p.sr % V == 0;
+  if (p.h) vec = vec && aligned16(p.h) && p.sh % V == 0;
+  if (p.w) vec = vec && aligned16(p.w);
+  if (p.b) vec = vec && aligned16(p.b);
+  if (p.layer_norm) return vec ? launch_typed<T, true, true>(p, stream) : launch_typed<T, false, true>(p, stream);
+  return vec ? launch_typed<T, true, false>(p, stream) : launch_typed<T, false, false>(p, stream);
+}
+
+cudaError_t norm_launch(const NormArgs& p, cudaStream_t stream) {
+  if (p.rows <= 0 || p.D <= 0) return cudaSuccess;
+  if (p.dtype == kF32) return launch_dtype<float>(p, stream);
+  if (p.dtype == kBF16) return launch_dtype<__nv_bfloat16>(p, stream);
+  return launch_dtype<__half>(p, stream);
+}
+
+}  // namespace tsk
