@@ -78,7 +78,7 @@ def test_tilesmith_timeout_is_an_alias_of_the_model_request_timeout():
     assert settings.get(name, {}) == 600
     assert settings.get(name, {"TILESMITH_TIMEOUT": "1200"}) == 1200
     assert settings.get(name, {"TILESMITH_TIMEOUT": "1200", name: "30"}) == 30  # the registered name wins
-    with pytest.raises(SettingsError, match=r"TILESMITH_TIMEOUT='abc' \(an alias of TILESMITH_AGENT_REQUEST_TIMEOUT_S\)"):
+    with pytest.raises(SettingsError, match=r"TILESMITH_TIMEOUT='abc' \(an alias of TILESMITH_AGENT_REQUEST_TIME"):
         settings.get(name, {"TILESMITH_TIMEOUT": "abc"})
     with pytest.raises(SettingsError, match="TILESMITH_TIMEOUT"):
         settings.check_all({"TILESMITH_TIMEOUT": "-5"})
@@ -100,7 +100,8 @@ def test_skills_default_list_explicit_paths_cap_and_compile_time_errors(tmp_path
     assert skills.load_skills({"HOME": str(home), "TILESMITH_SKILLS": ""}) == ()
     extra = tmp_path / "extra.md"
     extra.write_text("more\n")
-    both = skills.load_skills({"HOME": str(home), "TILESMITH_SKILLS": os.pathsep.join([str(extra), str(default.parent)])})
+    listed = os.pathsep.join([str(extra), str(default.parent)])
+    both = skills.load_skills({"HOME": str(home), "TILESMITH_SKILLS": listed})
     assert [s.name for s in both] == [f"{tmp_path.name}/extra.md", "high-performance-triton/SKILL.md"]
     assert both[0].metadata() == {"name": f"{tmp_path.name}/extra.md", "sha256": hashlib.sha256(b"more\n").hexdigest(),
                                   "bytes": 5}

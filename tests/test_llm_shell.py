@@ -233,7 +233,8 @@ def test_shell_has_no_secret_no_user_files_no_network_and_writes_only_its_worksp
         upstream = holder["upstream"]
         read = [str(account), str(user_file), str(home), str(factory_proxy.private_dir), str(tmp_path / "run"),
                 str(session.workspace / "attempts"), str(Path.home() / ".cli-proxy-api"), str(Path(__file__).resolve())]
-        write = [str(outside), str(home / "planted.txt"), "/usr/tilesmith-probe", "/etc/tilesmith-probe", "/workspace/baseline.py",
+        write = [str(outside), str(home / "planted.txt"), "/usr/tilesmith-probe", "/etc/tilesmith-probe",
+                 "/workspace/baseline.py",
                  "/workspace/runner.py", "/workspace/inputs/inputs.pt", "/workspace/inputs/new.pt",
                  str(session.workspace / "attempts" / "attempt_00.py"), "/workspace/mine.txt", "/tmp/scratch"]
         ports = [["127.0.0.1", factory_proxy.port], ["127.0.0.1", int(upstream.base_url.split(":")[2].split("/")[0])],
@@ -295,7 +296,8 @@ def test_shell_limits_time_output_and_never_follows_links_the_shell_leaves(tmp_p
         slow = gs.run("sleep 30; echo never", 2, attempt, "/attempts/attempt_01.py")
         assert slow.startswith("killed after") and "never" not in slow
         loud = gs.run(f"head -c {3 * MAX_OUTPUT_BYTES} /dev/zero | tr '\\0' a; echo END", 30, attempt, "/a")
-        assert f"({3 * MAX_OUTPUT_BYTES + 4} bytes, last {MAX_OUTPUT_BYTES} shown)" in loud and "aEND\n--- stderr (0 bytes) ---" in loud
+        assert f"({3 * MAX_OUTPUT_BYTES + 4} bytes, last {MAX_OUTPUT_BYTES} shown)" in loud
+        assert "aEND\n--- stderr (0 bytes) ---" in loud
         assert len(loud) < MAX_OUTPUT_BYTES + 300
         limits = gs.run("ulimit -t; ulimit -f; ulimit -c", 30, attempt, "/a")
         cpu, fsize, core = limits.split("---\n")[1].split()[:3]

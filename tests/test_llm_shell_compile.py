@@ -1,4 +1,4 @@
-"""gpu_shell inside the real pipeline, CPU test mode: ``tilesmith.compile`` → proxy → scripted upstream → real gate.
+"""gpu_shell in the real pipeline, CPU test mode: ``tilesmith.compile`` → proxy → scripted upstream → real gate.
 
 The scripted agent works on MulSum's Inductor wrapper (a C++ multiply-sum loop): in the shell it writes a variant
 (BLAS mm instead of the loop, tests/models.py) and times it against baseline.py on the graph's real snapshot, then

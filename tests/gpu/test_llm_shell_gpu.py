@@ -1,4 +1,4 @@
-"""gpu_shell on the H200: tilesmith.compile(chip=...) → real CLIProxyAPI → scripted upstream → sandboxed shell → gate.
+"""gpu_shell on the H200: tilesmith.compile(chip=) → real CLIProxyAPI → scripted upstream → sandboxed shell.
 
 The scripted "LLM" works on the 64×1024→4096→1024 fp32 MLP block in one turn: in the bubblewrap shell it lists
 the GPU, times the wrapper on the graph's real inputs (``python runner.py --time``), writes and times a Triton
