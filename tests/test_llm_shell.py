@@ -308,6 +308,9 @@ def test_shell_limits_time_output_and_never_follows_links_the_shell_leaves(tmp_p
         assert "is unchanged" in link and attempt.read_text() == original
         again = gs.run("head -c 40 candidate.py", 30, attempt, "/a")  # the host replaced the link, not its target
         assert victim.read_text() == "host data" and "graph()" in again
+        fifo = gs.run("mkfifo pipe && mkdir -p sub && mkfifo sub/pipe2 && echo made", 30, attempt, "/a")
+        assert "removed 2 FIFO/socket file(s)" in fifo and "made" in fifo
+        assert not (gs.folder / "pipe").exists() and (gs.folder / "sub").is_dir()
         bad = gs.run("true", 0, attempt, "/a")
         assert bad.startswith("timeout_seconds must be an integer from 1 to 1200")
     finally:

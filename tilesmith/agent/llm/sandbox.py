@@ -237,7 +237,7 @@ def host_mounts(environ: Mapping[str, str]) -> Mounts:
         real = os.path.realpath(folder)
         if os.path.isdir(real) and not _under_any(real, read_only):
             read_only = [p for p in read_only if not _contains(real, p)] + [real]
-    devices = sorted(str(p) for g in _DEVICE_GLOBS for p in Path("/dev").glob(g))
+    devices = sorted({str(p) for g in _DEVICE_GLOBS for p in Path("/dev").glob(g)})
     return Mounts(read_only=tuple(read_only), devices=tuple(devices), symlinks=tuple(symlinks),
                   python_paths=tuple(python_paths))
 

@@ -13,7 +13,8 @@ Layout (the host side lives in the track folder, so it stays with the run; nothi
 Sync rule: before each command the host writes the active attempt's text to ``candidate.py`` (replacing whatever
 is there, never through a link); after it, a changed ``candidate.py`` that is a regular UTF-8 file of at most
 :data:`MAX_SOURCE_BYTES` becomes the active attempt. A deleted or replaced ``candidate.py`` leaves the attempt as
-it was, and the result says so. The other host files are rewritten before each command the same way.
+it was, and the result says so. The other host files are rewritten before each command the same way, and FIFOs
+and sockets a command leaves in the workspace are deleted after it (:func:`sweep_special_files`).
 
 One command at a time per graph, never during a gate evaluation of the same turn (both hold the turn's lock), so
 shell work on the GPU does not disturb the gate's timing. Time limit per command: ``timeout_seconds`` (default
@@ -97,6 +98,34 @@ def _read_regular(path: Path, limit: int) -> tuple[str | None, str]:
         return None, "is not UTF-8 text"
 
 
+_SWEEP_LIMIT = 200_000
+
+
+def sweep_special_files(folder: Path) -> list[str]:
+    """Delete FIFOs, sockets and device files under ``folder`` (a FIFO would block a host file tool that opens
+    it); return their paths relative to ``folder``. Links are left alone (never followed; the host's file tools
+    refuse links that leave the track). Walks at most :data:`_SWEEP_LIMIT` entries."""
+    removed: list[str] = []
+    seen = 0
+    for root, dirs, files in os.walk(folder, followlinks=False):
+        for name in files + dirs:
+            seen += 1
+            if seen > _SWEEP_LIMIT:
+                return removed
+            path = Path(root) / name
+            try:
+                mode = os.lstat(path).st_mode
+            except OSError:
+                continue
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
+                try:
+                    path.unlink()
+                    removed.append(str(path.relative_to(folder)))
+                except OSError:
+                    pass
+    return removed
+
+
 class GraphShell:
     """One graph's shell workspace and its sandboxed commands (module docstring).
 
@@ -163,6 +192,10 @@ class GraphShell:
                 return self.redactor(f"the host could not run the command: {type(exc).__name__}: {exc}")
             self.commands += 1
             sync = self._sync_back(source, attempt_path, attempt_virtual)
+            removed = sweep_special_files(self.folder)
+            if removed:
+                sync += (f"; removed {len(removed)} FIFO/socket file(s) the command left in /workspace "
+                         f"({', '.join(removed[:5])}): the host's file tools read only regular files")
         return self.redactor(_format(result, sync, note))
 
     def _read_only(self) -> list[tuple[Path, str]]:
