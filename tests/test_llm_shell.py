@@ -299,6 +299,8 @@ def test_shell_limits_time_output_and_never_follows_links_the_shell_leaves(tmp_p
         assert f"({3 * MAX_OUTPUT_BYTES + 4} bytes, last {MAX_OUTPUT_BYTES} shown)" in loud
         assert "aEND\n--- stderr (0 bytes) ---" in loud
         assert len(loud) < MAX_OUTPUT_BYTES + 300
+        big = gs.run(": <<'EOF'\n" + "x" * 300_000 + "\nEOF\necho big-ok", 30, attempt, "/a")  # > one argv's 128 KiB
+        assert big.startswith("exit code 0") and "big-ok" in big
         limits = gs.run("ulimit -t; ulimit -f; ulimit -c", 30, attempt, "/a")
         cpu, fsize, core = limits.split("---\n")[1].split()[:3]
         assert int(cpu) >= 30 and int(fsize) == 1024 * 1024 and core == "0"

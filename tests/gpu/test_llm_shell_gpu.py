@@ -75,7 +75,8 @@ def test_agent_uses_the_sandboxed_gpu_shell_to_time_triton_and_the_wrapper_then_
         return lambda p: tool_call("gpu_shell", command=command, timeout_seconds=600)
 
     script = TurnScript([[
-        shell("nvidia-smi -L; python runner.py --time --iters 20"),
+        shell("(nvidia-smi -L || true) && python -c 'import torch; print(\"GPU 0:\", torch.cuda.get_device_name(0))' "
+              "&& python runner.py --time --iters 20"),
         shell(TRITON_TIMING),
         write_cudagraph,
         shell("python runner.py --time --iters 20"),
@@ -115,7 +116,7 @@ def test_agent_uses_the_sandboxed_gpu_shell_to_time_triton_and_the_wrapper_then_
         return json.loads(next(x for x in text.splitlines() if x.startswith("{") and key in x))
 
     assert len(outputs) == 3 and all(t.startswith("exit code 0") for t in outputs), outputs
-    assert "GPU 0:" in outputs[0]
+    assert f"GPU 0: {device_name}" in outputs[0]
     first, triton_run, graphed = report(outputs[0], '"device"'), report(outputs[1], "triton_ms"), \
         report(outputs[2], '"device"')
     assert first["device"] == "cuda" and first["clock"] == "cuda_event" and first["baseline_ms"] > 0

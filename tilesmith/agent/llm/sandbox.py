@@ -101,16 +101,18 @@ class Sandbox:
     env: Mapping[str, str] = field(default_factory=dict)
     version: str = ""
 
-    def argv(self, workspace: Path, cache: Path, read_only: Sequence[tuple[Path, str]], command: str,
+    def argv(self, workspace: Path, cache: Path, read_only: Sequence[tuple[Path, str]], command_file: Path,
              timeout_s: float) -> list[str]:
-        """The full ``bwrap … -- bash -c …`` command line for ``command``.
+        """The full ``bwrap … -- bash …`` command line that runs the script in ``command_file``.
 
         Args:
             workspace: host folder shown read-write at ``/workspace`` (the working directory).
             cache: host folder shown read-write at ``/cache``.
             read_only: ``(host path, path inside)`` pairs bound read-only after the workspace, e.g. the
                 baseline over ``/workspace/baseline.py`` (the inside path must already exist in the workspace).
-            command: the agent's shell command (run by ``bash -c``).
+            command_file: host file holding the agent's command, shown read-only at :data:`COMMAND_PATH` and run
+                by bash (a file, not an argument: one argument may not exceed 128 KiB, and a heredoc writing a
+                whole wrapper is larger).
             timeout_s: wall-clock limit; sets the CPU-time limit (times the host's cores).
         """
         args = [self.bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc",
@@ -126,10 +128,11 @@ class Sandbox:
                  "--bind", str(cache), "/cache"]
         for host, inside in read_only:
             args += ["--ro-bind", str(host), inside]
+        args += ["--ro-bind", str(command_file), COMMAND_PATH]
         args += ["--remount-ro", "/"]  # the sandbox's own root (a tmpfs holding the mount points) is read-only too
         for name, value in self.env.items():
             args += ["--setenv", name, value]
-        args += ["--chdir", "/workspace", "--", "bash", "-c", _LIMITS, "tilesmith-shell", command,
+        args += ["--chdir", "/workspace", "--", "bash", "-c", _LIMITS, "tilesmith-shell",
                  str(max(1, int(timeout_s * max(1, os.cpu_count() or 1)) + 5)), str(FILE_SIZE_LIMIT_BYTES // 1024)]
         return args
 
@@ -140,10 +143,11 @@ class Sandbox:
         Never raises for the command's own failures; ``OSError`` only when bwrap cannot be started at all.
         """
         with tempfile.TemporaryDirectory(prefix="tilesmith-shell-out-") as tmp:
-            out_path, err_path = Path(tmp) / "stdout", Path(tmp) / "stderr"
+            out_path, err_path, cmd_path = Path(tmp) / "stdout", Path(tmp) / "stderr", Path(tmp) / "command.sh"
+            cmd_path.write_text(command, encoding="utf-8")
             with open(out_path, "wb") as out, open(err_path, "wb") as err:
                 started = time.monotonic()
-                proc = subprocess.Popen(self.argv(workspace, cache, read_only, command, timeout_s),  # noqa: S603
+                proc = subprocess.Popen(self.argv(workspace, cache, read_only, cmd_path, timeout_s),  # noqa: S603
                                         stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True,
                                         close_fds=True, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
                 timed_out = False
@@ -158,8 +162,10 @@ class Sandbox:
         return ShellResult(code, duration, timed_out, stdout, stderr, n_out, n_err)
 
 
-# ulimit inside the sandbox (bash counts -f in KiB), then the agent's command; $1 command, $2 CPU s, $3 file KiB.
-_LIMITS = 'ulimit -c 0 && ulimit -t "$2" && ulimit -f "$3" && exec bash -c "$1"'
+COMMAND_PATH = "/.tilesmith/command.sh"
+"""Where the agent's command file is shown (read-only) inside the sandbox."""
+# ulimit inside the sandbox (bash counts -f in KiB), then the agent's command file; $1 CPU seconds, $2 file KiB.
+_LIMITS = f'ulimit -c 0 && ulimit -t "$1" && ulimit -f "$2" && exec bash {COMMAND_PATH}'
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
