@@ -259,7 +259,7 @@ def sandbox_env(environ: Mapping[str, str], mounts: Mounts) -> dict[str, str]:
         "HOME": "/cache/home", "TMPDIR": "/tmp", "XDG_CACHE_HOME": "/cache/xdg",
         "TORCHINDUCTOR_CACHE_DIR": "/cache/inductor", "TRITON_CACHE_DIR": "/cache/triton",
         "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1", "PYTHONUNBUFFERED": "1",
-        "LANG": passed.get("LANG", "C.UTF-8"), "TILESMITH_SHELL": "1",
+        "LANG": passed.get("LANG", "C.UTF-8"),
     })
     if mounts.python_paths:
         passed["PYTHONPATH"] = ":".join(mounts.python_paths)
