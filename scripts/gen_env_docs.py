@@ -28,6 +28,10 @@ def render() -> str:
     for s in settings.REGISTRY.values():
         default = "—" if s.default is None else f"`{s.default}`"
         lines.append(f"| `{s.name}` | {default} | {s.description} |")
+    if settings.ALIASES:
+        lines += ["", "Aliases (tilesmith-ai 0.1.4's names): read when the variable they stand for is unset.", "",
+                  "| alias | stands for |", "|---|---|"]
+        lines += [f"| `{alias}` | `{target}` |" for alias, target in settings.ALIASES.items()]
     lines += ["", "Provider keys converted into the private CLIProxyAPI config (values are never logged): "
               + ", ".join(f"`{v}`" for v in settings.PROVIDER_KEY_VARIABLES) + ".", ""]
     return "\n".join(lines)

@@ -12,7 +12,8 @@
 #
 # Results go to $OUT (the device tool's output folder) or ./gpu-out. Wheels for packages missing on the
 # machine (the LLM stack) travel in .device/whl and are installed to /tmp/site first when present; a
-# CLIProxyAPI binary travels as .device/cli-proxy-api.gz.
+# CLIProxyAPI binary travels as .device/cli-proxy-api.gz; bubblewrap for the agent's gpu_shell as the .deb files in
+# .device/bwrap-debs (scripts/bwrap-bundle.sh download), unpacked to /tmp/tilesmith-bwrap (TILESMITH_BWRAP).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu-out}"; mkdir -p "$OUT"
@@ -25,6 +26,9 @@ if [[ -z "${SKIP_WHEELS:-}" ]] && compgen -G ".device/whl/*.whl" >/dev/null; the
 fi
 if [[ -z "${SKIP_WHEELS:-}" && -f .device/cli-proxy-api.gz ]]; then
   mkdir -p .cache/bin && gunzip -c .device/cli-proxy-api.gz > .cache/bin/cli-proxy-api && chmod +x .cache/bin/cli-proxy-api
+fi
+if [[ -z "${TILESMITH_BWRAP:-}" ]] && ! command -v bwrap >/dev/null 2>&1 && compgen -G ".device/bwrap-debs/*.deb" >/dev/null; then
+  scripts/bwrap-bundle.sh install .device/bwrap-debs /tmp/tilesmith-bwrap && export TILESMITH_BWRAP=/tmp/tilesmith-bwrap/bwrap
 fi
 parts=("$@"); [[ ${#parts[@]} -eq 0 ]] && parts=(tests main overhead)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
@@ -52,7 +56,7 @@ for part in "${parts[@]}"; do
               cp "$bout"/results.png "$OUT/benchmarks/" 2>/dev/null; cp "$bout"/logs/*.log "$OUT/benchmarks/logs/" 2>/dev/null
               ;;
     calib)    "$PY" bench/gate_calibration.py ${CALIB_ARGS:-} 2>&1 | tee "$OUT/gate-calibration.log"; rc=$((rc|${PIPESTATUS[0]})) ;;
-    llm)      "$PY" -m pytest -q -ra -s -m gpu tests/gpu/test_llm_e2e_gpu.py 2>&1 | tee "$OUT/llm-e2e.log"; rc=$((rc|${PIPESTATUS[0]})) ;;
+    llm)      "$PY" -m pytest -q -ra -s -m gpu tests/gpu/test_llm_e2e_gpu.py tests/gpu/test_llm_shell_gpu.py 2>&1 | tee "$OUT/llm-e2e.log"; rc=$((rc|${PIPESTATUS[0]})) ;;
     *)        echo "unknown part $part"; rc=2 ;;
   esac
 done

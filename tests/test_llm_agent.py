@@ -48,8 +48,11 @@ def proxy_exe(request: pytest.FixtureRequest, standin_exe: str) -> str:
 
 
 def make_env(upstream: ScriptedUpstream, exe: str, home: Path, **extra: str) -> dict[str, str]:
+    """The factory's environment. gpu_shell is off unless a test turns it on (tests/test_llm_shell.py does): the
+    tests here assert exact note lists, and a machine without bubblewrap would add a shell_unavailable note."""
     return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "TILESMITH_API_KEY": UPSTREAM_KEY,
-            "TILESMITH_API_BASE_URL": upstream.base_url, "TILESMITH_CLIPROXYAPI_EXECUTABLE": exe, **extra}
+            "TILESMITH_API_BASE_URL": upstream.base_url, "TILESMITH_CLIPROXYAPI_EXECUTABLE": exe,
+            "TILESMITH_GPU_SHELL": "0", **extra}
 
 
 def edit(old: str, new: str):
@@ -202,12 +205,15 @@ def test_file_tools_can_write_only_this_turns_attempt(tmp_path, standin_exe):
     assert "permission denied" in results[0] and "permission denied" in results[1] and "traversal" in results[2]
 
 
-def test_tools_offered_are_file_tools_task_and_host_tools_without_a_shell(tmp_path, standin_exe):
+def test_tools_offered_with_the_shell_off_are_file_tools_task_and_host_tools(tmp_path, standin_exe):
     with ScriptedUpstream(api_key=UPSTREAM_KEY, models=(MODEL,), responder=TurnScript([[say("x")]] * 2)) as upstream:
-        run(tmp_path, upstream, standin_exe)
-        names = {t["function"]["name"] for t in upstream.chat_requests()[0]["tools"]}
+        session, _, _ = run(tmp_path, upstream, standin_exe)
+        request = upstream.chat_requests()[0]
+        names = {t["function"]["name"] for t in request["tools"]}
     assert names == {"ls", "read_file", "write_file", "edit_file", "glob", "grep", "task", "evaluate_attempt",
-                     "profile_attempt", "read_fx_program"}
+                     "profile_attempt", "read_fx_program", "read_exact_source"}
+    assert "There is no shell tool" in request["messages"][0]["content"]
+    assert session.note_kinds() == ["agent_gave_up"]  # TILESMITH_GPU_SHELL=0: no shell_unavailable note
 
 
 def test_traces_are_written_only_with_debug_and_name_the_agent_of_each_call(tmp_path, standin_exe):

@@ -29,6 +29,9 @@ def compile(  # noqa: A001 - mirrors torch.compile on purpose
     agency: str = "medium",
     loops: int = 1,
     max_model_calls: int | None = None,
+    *,
+    sandbox: str | None = None,
+    chip: str | None = None,
     **torch_compile_kwargs: Any,
 ) -> Any:
     """Compile ``model`` with ``torch.compile`` and let Tilesmith optimize its Inductor graphs.
@@ -44,6 +47,11 @@ def compile(  # noqa: A001 - mirrors torch.compile on purpose
             wrapper, buffers, fusion) or ``"high"`` (may redesign the algorithm).
         loops: number of accepted optimization cycles per graph (≥ 1).
         max_model_calls: exact budget of LLM invocations for this run (``None``: no limit).
+        sandbox: where the agent's shell and the gate run: ``None`` or ``"local"`` (this machine; the shell is
+            a bubblewrap sandbox, docs/agent.md). tilesmith-ai 0.1.4's ``"computesdk"`` (a remote GPU service)
+            is not supported.
+        chip: optional GPU model the run must use, e.g. ``"H200"``; checked against the name of the device of
+            the first CUDA tensor in ``example_inputs`` (rules: :mod:`tilesmith.chip`).
         **torch_compile_kwargs: passed to ``torch.compile`` (``mode``, ``options``, ``fullgraph``,
             ``dynamic``, ``disable``).
 
@@ -56,22 +64,27 @@ def compile(  # noqa: A001 - mirrors torch.compile on purpose
 
     Raises:
         TypeError: an argument has the wrong type (message names the allowed types).
-        ValueError: ``agency`` not in low/medium/high, ``loops`` < 1, negative ``max_model_calls``, or a
-            ``backend`` keyword (Tilesmith is the backend).
+        ValueError: ``agency`` not in low/medium/high, ``loops`` < 1, negative ``max_model_calls``, a
+            ``backend`` keyword (Tilesmith is the backend), an unsupported ``sandbox``, or a ``chip`` that does
+            not match the local GPU (``chip='H100' does not match local execution device 'NVIDIA H200'``).
         tilesmith.errors.SettingsError: an invalid ``TILESMITH_*`` environment value.
     """
     import torch
 
     _validate(example_inputs, agent_model, agency, loops, max_model_calls, torch_compile_kwargs)
+    _validate_placement(sandbox, chip, example_inputs)
     settings.check_all()
     from tilesmith.pipeline import LiveRun, RunOptions
 
     chosen = agent_model if agent_model is not None else settings.get("TILESMITH_MODEL")
+    _check_skills(chosen)
     allow_cpu = settings.get("TILESMITH_ALLOW_CPU")
     options = RunOptions(agent_model=chosen, agency=agency, loops=loops, max_model_calls=max_model_calls,
                          allow_cpu=allow_cpu, min_improvement=settings.get("TILESMITH_MIN_IMPROVEMENT"),
                          compile_mode=torch_compile_kwargs.get("mode"))
     run = LiveRun(options)
+    if chip is not None:
+        run.folder.metadata["chip"] = chip
     missing = _missing_piece(example_inputs, chosen, allow_cpu)
     if missing is not None:
         compiled = torch.compile(model, **torch_compile_kwargs)
@@ -199,6 +212,39 @@ def _validate(example_inputs: Any, agent_model: Any, agency: Any, loops: Any, ma
         msg = ("tilesmith.compile does not take backend=: Tilesmith is the backend (it wraps Inductor). "
                "Use torch.compile(model, backend='tilesmith') for the registered backend instead.")
         raise ValueError(msg)
+
+
+SANDBOXES = (None, "local")
+"""``sandbox=`` values Tilesmith supports (0.1.4 also took ``"computesdk"``, a remote service)."""
+
+
+def _validate_placement(sandbox: Any, chip: Any, example_inputs: Any) -> None:
+    if sandbox is not None and not isinstance(sandbox, str):
+        raise TypeError(f"sandbox must be None or 'local', got {type(sandbox).__name__}")
+    if sandbox not in SANDBOXES:
+        remote = (" ComputeSDK is a remote GPU service this build does not reach; the agent's shell runs in a "
+                  "local bubblewrap sandbox instead.") if sandbox == "computesdk" else ""
+        raise ValueError(f"sandbox={sandbox!r} is not supported: use sandbox=None or sandbox='local' (this "
+                         f"machine's GPU).{remote}")
+    if chip is None:
+        return
+    if not isinstance(chip, str):
+        raise TypeError(f"chip must be None or a GPU model name such as 'H200', got {type(chip).__name__}")
+    if not chip.strip():
+        raise ValueError("chip must not be empty: pass a GPU model name such as 'H200', or chip=None")
+    from tilesmith.chip import check_chip
+
+    check_chip(chip, example_inputs)
+
+
+def _check_skills(model: Any) -> None:
+    """Read the LLM agent's skills now so that a bad ``TILESMITH_SKILLS`` fails at compile() (SettingsError)."""
+    from tilesmith.agent import BUILTIN_MODEL
+
+    if isinstance(model, str) and model != BUILTIN_MODEL:
+        from tilesmith.agent.llm.skills import load_skills
+
+        load_skills()
 
 
 def _missing_piece(example_inputs: Any, model: Any, allow_cpu: bool, *, check_inputs: bool = True

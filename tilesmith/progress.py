@@ -186,6 +186,31 @@ class Progress:
                 other = max(self._graphs.values(), key=lambda s: s.touched)
                 self._write(format_status(other, now, len(self._graphs) - 1), final=False)
 
+    def trace(self, text: str, *, force: bool = False) -> None:
+        """One live agent-trace line (a tool call), logged at INFO to ``tilesmith.progress``.
+
+        Shown when the display is enabled, or with ``force`` (``TILESMITH_DEBUG=1``) also when ``auto`` finds no
+        terminal; never with ``TILESMITH_PROGRESS=off``. The status line of the most recently active graph is
+        shown again below it on a terminal.
+        """
+        text = redact(text)
+        with self._lock:
+            log.info("%s", text)
+            try:
+                mode = self._mode or settings.get("TILESMITH_PROGRESS")
+            except ValueError:
+                mode = "auto"
+            if mode == "off" or not (force or self.enabled()):
+                return
+            try:
+                self.stream.write((_ERASE if self._is_tty() else "") + text + "\n")
+                if self._is_tty() and self._graphs:
+                    other = max(self._graphs.values(), key=lambda s: s.touched)
+                    self.stream.write(_ERASE + format_status(other, self._clock(), len(self._graphs) - 1))
+                self.stream.flush()
+            except (OSError, ValueError):
+                pass
+
     def message(self, text: str) -> None:
         """A one-off line (e.g. "starting the private proxy"), logged at INFO."""
         text = redact(text)

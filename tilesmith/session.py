@@ -35,6 +35,9 @@ class GraphSession:
         self.graph = track.graph
         self.graph_key = track.key
         self.workspace = track.folder
+        self.snapshot_dir: Path | None = getattr(getattr(gate, "problem", None), "snapshot_dir", None)
+        """The gate's private snapshot folder (``inputs.pt``, ``constants.pt``), shown read-only to the agent's
+        sandboxed shell; ``None`` when the gate has none."""
         self.agency = agency
         self.loops = loops
         self.incumbent: Candidate | None = None

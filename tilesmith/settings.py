@@ -81,6 +81,11 @@ def _progress(text: str) -> str:
     return value
 
 
+def _path_list(text: str) -> tuple[str, ...]:
+    """``os.pathsep``-separated paths (empty entries dropped); ``""`` is the empty list."""
+    return tuple(part.strip() for part in text.split(os.pathsep) if part.strip())
+
+
 def _recheck(text: str) -> str:
     value = text.strip().lower()
     if value not in {"blocking", "background"}:
@@ -163,6 +168,21 @@ _SETTINGS = (
             "Folder of the native kernel builds (one per source/compiler/GPU/torch key, built once per machine "
             "and reused by later processes). Default: <TILESMITH_CACHE_DIR root>/kernels. Gate workers get it "
             "(read-only) as the one TILESMITH_* variable passed to them."),
+    Setting("TILESMITH_MAX_OUTPUT_TOKENS", "8192", _positive_int,
+            "Most tokens one model response may have (sent as the request's max_completion_tokens; "
+            "tilesmith-ai 0.1.4's setting and default). A whole-file write_file of a large wrapper needs "
+            "more."),
+    Setting("TILESMITH_GPU_SHELL", "1", _bool,
+            "Offer the LLM agent the gpu_shell tool: commands in a bubblewrap sandbox in the graph's shell "
+            "workspace (no network, no secrets, writes only there). 0: never. When the sandbox cannot run, "
+            "the tool is not offered and a shell_unavailable diagnostic says why."),
+    Setting("TILESMITH_BWRAP", None, _text,
+            "Path of the bubblewrap (bwrap) executable for gpu_shell; else 'bwrap' on PATH "
+            "(scripts/bwrap-bundle.sh unpacks the Debian package where it is not installed)."),
+    Setting("TILESMITH_SKILLS", None, _path_list,
+            "Trusted skill files (Markdown) appended to the LLM agent's system prompt, separated by the "
+            "path separator (':'); a folder means its SKILL.md; empty: no skills. Unset: the default list "
+            "of docs/agent.md, the files that exist. 8 MiB in all."),
     Setting("TILESMITH_GATE_RUN_TIMEOUT_S", "120", _positive_float,
             "Seconds one gate check or timing request may take once the candidate is loaded (extended "
             "automatically for graphs whose original call is slow); past it the worker is killed and the "
@@ -174,6 +194,15 @@ for _s in _SETTINGS:
     if _s.name in REGISTRY:  # pragma: no cover - guards edits to the table above
         raise RuntimeError(f"duplicate setting {_s.name}")
     REGISTRY[_s.name] = _s
+
+#: Other names a setting answers to (alias -> registered name): tilesmith-ai 0.1.4's names. When both are set,
+#: the registered name wins; an invalid alias value is reported under the alias's name.
+ALIASES: dict[str, str] = {
+    "TILESMITH_TIMEOUT": "TILESMITH_AGENT_REQUEST_TIMEOUT_S",
+}
+for _alias, _target in ALIASES.items():
+    if _target not in REGISTRY or _alias in REGISTRY:  # pragma: no cover - guards edits to the table above
+        raise RuntimeError(f"bad alias {_alias} -> {_target}")
 
 #: Provider variables converted into the private proxy config (values are secrets, never logged).
 PROVIDER_KEY_VARIABLES = (
@@ -199,10 +228,15 @@ def check_all(environ: dict[str, str] | None = None) -> None:
     for name in REGISTRY:
         if name in env:
             get(name, env)
+    for alias, target in ALIASES.items():
+        if alias in env and target not in env:
+            get(target, env)
 
 
 def get(name: str, environ: dict[str, str] | None = None) -> Any:
     """Return the parsed value of setting ``name`` (its default when unset; ``None`` if no default).
+
+    When ``name`` itself is unset, a set alias of it (:data:`ALIASES`) supplies the value.
 
     Raises:
         KeyError: ``name`` is not a registered setting.
@@ -210,7 +244,12 @@ def get(name: str, environ: dict[str, str] | None = None) -> Any:
     """
     setting = REGISTRY[name]
     env = os.environ if environ is None else environ
-    raw = env.get(name)
+    raw, source = env.get(name), name
+    if raw is None:
+        for alias, target in ALIASES.items():
+            if target == name and alias in env:
+                raw, source = env[alias], alias
+                break
     if raw is None:
         raw = setting.default
     if raw is None:
@@ -219,7 +258,8 @@ def get(name: str, environ: dict[str, str] | None = None) -> Any:
         return setting.parse(raw)
     except ValueError as exc:
         shown, why = ("<hidden>", "rejected") if setting.secret else (repr(raw), str(exc))
-        msg = f"{name}={shown} is invalid: {why}. Unset it to use the default ({setting.default!r})."
+        via = f" (an alias of {name})" if source != name else ""
+        msg = f"{source}={shown}{via} is invalid: {why}. Unset it to use the default ({setting.default!r})."
         raise SettingsError(msg) from None
 
 

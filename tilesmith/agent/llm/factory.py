@@ -22,7 +22,7 @@ import weakref
 from collections.abc import Mapping
 from pathlib import Path
 
-from tilesmith import settings
+from tilesmith import progress, settings
 from tilesmith.agent.llm.budget import BudgetedChatOpenAI, ModelCallBudget
 from tilesmith.agent.llm.discovery import check_availability, find_auth_dir, find_user_config, resolve_model
 from tilesmith.agent.llm.errors import AgentUnavailable, ProxyStartError, UnknownModelError
@@ -30,9 +30,11 @@ from tilesmith.agent.llm.loop import AgentRuntime, run_outer_loop
 from tilesmith.agent.llm.profiling import profile_source
 from tilesmith.agent.llm.proxy import PrivateProxy
 from tilesmith.agent.llm.proxy_config import load_user_config
+from tilesmith.agent.llm.sandbox import prepare as prepare_sandbox
+from tilesmith.agent.llm.skills import load_skills
 from tilesmith.agent.llm.transport import PLACEHOLDER_KEY, http_clients
 from tilesmith.agent.protocol import Session
-from tilesmith.errors import ProxyError
+from tilesmith.errors import ProxyError, SettingsError
 from tilesmith.records import Diagnostic
 
 AGENCIES = ("low", "medium", "high")
@@ -160,10 +162,15 @@ class LLMOptimizerFactory:
         if not avail.ok:
             raise AgentUnavailable(avail.diagnostic())
         assert avail.executable is not None and self.model is not None
+        try:
+            skills = load_skills(self._environ)
+        except SettingsError as exc:
+            raise AgentUnavailable(Diagnostic(kind="invalid_skills", message=str(exc))) from None
         config_path, _ = find_user_config(self._environ)
         user_cfg = load_user_config(config_path) if config_path is not None else None
+        auth_dir = find_auth_dir(self._environ, user_cfg)
         proxy = PrivateProxy(executable=avail.executable, model=self.model, environ=self._environ,
-                             user_config=config_path, auth_dir=find_auth_dir(self._environ, user_cfg),
+                             user_config=config_path, auth_dir=auth_dir,
                              start_timeout_s=self._start_timeout_s)
         self._holder["proxy"] = proxy
         note_restart = weakref.WeakMethod(self._note_restart)  # the finalizer's holder must not keep us alive
@@ -183,15 +190,25 @@ class LLMOptimizerFactory:
             model=self.model, base_url=proxy.base_url, api_key=PLACEHOLDER_KEY, use_responses_api=False,
             streaming=self.streaming, disable_streaming=not self.streaming, stream_usage=True,
             max_retries=settings.get("TILESMITH_AGENT_MAX_RETRIES", self._environ), timeout=timeout_s,
+            max_tokens=settings.get("TILESMITH_MAX_OUTPUT_TOKENS", self._environ),
             http_client=sync_client, http_async_client=async_client,
             organization=None, openai_proxy=None,  # OPENAI_ORG_ID/OPENAI_PROXY of the shell do not apply
         ).bind_budget(self.budget)
         worker_timeout = settings.get("TILESMITH_WORKER_TIMEOUT_S", self._environ)
+        sandbox, unavailable = None, None
+        if settings.get("TILESMITH_GPU_SHELL", self._environ):
+            forbidden = [Path.home(), self._environ.get("HOME"), auth_dir, config_path, proxy.private_dir,
+                         settings.cache_root(self._environ)]
+            sandbox, status = prepare_sandbox(self._environ, [str(p) for p in forbidden if p])
+            unavailable = None if status.ok else status.reason
+        debug = self.debug
         return AgentRuntime(
             chat_model=chat, budget=self.budget, redactor=proxy.redactor, agency=self.agency,
             proposer=f"llm:{self.model}", min_improvement=settings.get("TILESMITH_MIN_IMPROVEMENT", self._environ),
             debug=self.debug,
             profile=lambda session, path: profile_source(path, getattr(session, "graph", None), worker_timeout),
+            sandbox=sandbox, shell_unavailable=unavailable, skills=skills,
+            live_sink=lambda text: progress.default().trace(text, force=debug),
         )
 
     def _note_restart(self, message: str) -> None:

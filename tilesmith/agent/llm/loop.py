@@ -1,6 +1,7 @@
 """The outer LangGraph loop: one graph's optimization as a sequence of agent turns decided by the host.
 
-Graph: ``START → turn → (again → turn | done → END)``. One ``turn`` node run is one agent turn:
+Graph: ``START → turn → (again → turn | done → END)``. One ``turn`` node run is one agent turn (the graph's
+sandboxed shell, when offered, lives for all its turns):
 
 1. stop first if :meth:`Session.stop_reason` is set (loops done, ``TILESMITH_MAX_TURNS``,
    ``TILESMITH_TURN_TIMEOUT_S``) or the run's model-call budget is spent;
@@ -33,8 +34,11 @@ from langsmith import tracing_context
 from tilesmith.agent.llm.budget import BudgetedChatOpenAI, ModelCallBudget
 from tilesmith.agent.llm.prompts import system_prompt, turn_message
 from tilesmith.agent.llm.redact import Redactor
+from tilesmith.agent.llm.sandbox import Sandbox
+from tilesmith.agent.llm.shell import GraphShell
+from tilesmith.agent.llm.skills import Skill
 from tilesmith.agent.llm.tools import TurnState, make_tools
-from tilesmith.agent.llm.tracing import TraceRecorder
+from tilesmith.agent.llm.tracing import LiveTrace, TraceRecorder
 from tilesmith.agent.protocol import Session, StopOptimization
 from tilesmith.errors import BudgetExhausted, ProxyError
 
@@ -62,11 +66,19 @@ class AgentRuntime:
     min_improvement: float
     debug: bool
     profile: Callable[[Session, Path], str]
+    sandbox: Sandbox | None = None
+    """The run's working sandbox for ``gpu_shell``; ``None``: no shell tool."""
+    shell_unavailable: str | None = None
+    """Why the shell is not offered although ``TILESMITH_GPU_SHELL`` asks for it (each graph notes it)."""
+    skills: tuple[Skill, ...] = ()
+    live_sink: Callable[[str], None] | None = None
+    """Where :class:`~.tracing.LiveTrace` lines go (``None``: no live trace)."""
 
 
-def build_agent(runtime: AgentRuntime, state: TurnState) -> Any:
+def build_agent(runtime: AgentRuntime, state: TurnState, shell: GraphShell | None = None) -> Any:
     """The deep agent of one turn: one shared chat model, file tools rooted at the track folder
-    (virtual paths, writes allowed only to this turn's attempt), the host tools, no shell.
+    (virtual paths, writes allowed only to this turn's attempt), the host tools, and ``gpu_shell`` when the
+    graph has a sandboxed shell.
 
     deepagents' side files (evicted tool results, summarized history, blobs) are routed to in-memory
     state, so they never land in the track folder.
@@ -84,11 +96,13 @@ def build_agent(runtime: AgentRuntime, state: TurnState) -> Any:
         FilesystemPermission(operations=["write"], paths=[state.attempt_virtual], mode="allow"),
         FilesystemPermission(operations=["write"], paths=["/**"], mode="deny"),
     ]
-    tools = make_tools(state, profile=lambda path: runtime.profile(state.session, path))
+    tools = make_tools(state, profile=lambda path: runtime.profile(state.session, path), shell=shell)
     return create_deep_agent(
         model=runtime.chat_model,
         tools=tools,
-        system_prompt=system_prompt(runtime.agency, state.attempt_virtual, runtime.min_improvement),
+        system_prompt=system_prompt(runtime.agency, state.attempt_virtual, runtime.min_improvement,
+                                    shell_help=shell.help(state.attempt_virtual) if shell else None,
+                                    skills=runtime.skills),
         middleware=[FilesystemMiddleware(backend=backend, tools=list(_FS_TOOLS))],
         backend=backend,
         permissions=permissions,
@@ -142,8 +156,44 @@ def run_outer_loop(session: Session, runtime: AgentRuntime) -> str:
     ``"model_error"``, ``"agent_error"``, ``"agent_gave_up"``, ``"outer_recursion_limit"``.
     Diagnostics for everything except the session's own stop go to :meth:`Session.note`.
     """
+    shell = _open_shell(session, runtime)
+    try:
+        return _run_turns(session, runtime, shell)
+    finally:
+        if shell is not None:
+            shell.close()
+
+
+def _graph_label(session: Session) -> str:
+    label = getattr(getattr(session, "track", None), "label", None)
+    return str(label) if label else f"{str(session.graph_key)[:8]} ({session.graph.name})"
+
+
+def _open_shell(session: Session, runtime: AgentRuntime) -> GraphShell | None:
+    """The graph's shell (or ``None``, with a ``shell_unavailable`` note when one was asked for), and the
+    agent's tools and skills in ``track.json`` (``agent``: skills by name and sha256, never their text)."""
+    shell, reason = None, runtime.shell_unavailable
+    if runtime.sandbox is not None:
+        try:
+            shell = GraphShell(runtime.sandbox, session, runtime.redactor)
+        except OSError as exc:
+            reason = f"the shell workspace could not be created ({type(exc).__name__}: {exc})"
+    if reason:
+        session.note("shell_unavailable", f"the agent works without gpu_shell: {reason}")
+    update = getattr(getattr(session, "track", None), "update", None)
+    if callable(update):
+        update(agent={"gpu_shell": {"offered": shell is not None,
+                                    "sandbox": runtime.sandbox.version if shell is not None and runtime.sandbox
+                                    else None, "reason": reason},
+                      "skills": [skill.metadata() for skill in runtime.skills]})
+    return shell
+
+
+def _run_turns(session: Session, runtime: AgentRuntime, shell: GraphShell | None) -> str:
     workspace = Path(session.workspace)
     original = session.graph.canonical_source
+    label = _graph_label(session)
+    elide = [(skill.text.rstrip(), skill.placeholder()) for skill in runtime.skills]
 
     def turn_node(state: LoopState) -> LoopState:
         reason = session.stop_reason()
@@ -158,8 +208,11 @@ def run_outer_loop(session: Session, runtime: AgentRuntime) -> str:
         number = int(getattr(session, "turns_used", 0) or state.get("turn", 0) + 1)
         virtual = "/" + attempt_path.resolve().relative_to(workspace.resolve()).as_posix()
         start_text = attempt_path.read_text(encoding="utf-8")
-        recorder = (TraceRecorder(workspace / "traces" / f"turn_{number:03d}.jsonl", number, runtime.redactor)
-                    if runtime.debug else None)
+        recorder = (TraceRecorder(workspace / "traces" / f"turn_{number:03d}.jsonl", number, runtime.redactor,
+                                  elide) if runtime.debug else None)
+        callbacks: list[Any] = [recorder] if recorder else []
+        if runtime.live_sink is not None:
+            callbacks.append(LiveTrace(label, number, runtime.redactor, runtime.live_sink))
         turn = TurnState(session=session, turn=number, attempt_path=attempt_path, attempt_virtual=virtual,
                          start_text=start_text, original_source=original, agency=runtime.agency,
                          proposer=runtime.proposer, on_event=recorder.write if recorder else None)
@@ -169,12 +222,12 @@ def run_outer_loop(session: Session, runtime: AgentRuntime) -> str:
                            budget_remaining=runtime.budget.remaining())
         outcome, detail = "final_answer", ""
         try:
-            agent = build_agent(runtime, turn)
+            agent = build_agent(runtime, turn, shell)
             message = turn_message(turn=number, attempt_virtual=virtual, source=start_text,
                                    loops_accepted=session.accepted_loops, loops=session.loops,
                                    history=state.get("history", []), budget_remaining=runtime.budget.remaining())
             agent.invoke({"messages": [HumanMessage(content=message)]},
-                         config={"callbacks": [recorder] if recorder else [],
+                         config={"callbacks": callbacks,
                                  "recursion_limit": AGENT_RECURSION_LIMIT})
         except GraphRecursionError as exc:
             outcome = "agent_error"

@@ -8,6 +8,7 @@ prompt is advice to the model; the host's checks are what decide.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 AGENCY_RULES = {
     "low": (
@@ -53,7 +54,8 @@ Rules for every agency level (the host gate enforces them):
 
 How to work:
 1. The current source of {attempt} is in the first message. Use profile_attempt to see where time goes.
-2. Change {attempt} with edit_file (exact-string replacement) or write_file (whole file).
+2. Change {attempt} with edit_file (exact-string replacement) or write_file (whole file). Copy old_string
+   from read_exact_source, which returns the exact text (read_file adds line-number gutters).
 3. Call evaluate_attempt. If it is rejected, read the reasons (and the report under /profiles/ when useful),
    fix the attempt and evaluate again. Do not resubmit an unchanged source.
 4. End your turn with a short final answer (no tool call) once a candidate is accepted or when you have no
@@ -63,21 +65,32 @@ You may delegate focused investigations to a subagent with the task tool; it sha
 """
 
 
-def system_prompt(agency: str, attempt_virtual: str, min_improvement: float) -> str:
+_NO_SHELL = "There is no shell tool for this graph; use profile_attempt and evaluate_attempt to measure."
+
+
+def system_prompt(agency: str, attempt_virtual: str, min_improvement: float, *, shell_help: str | None = None,
+                  skills: Sequence[Any] = ()) -> str:
     """The main agent's system prompt for one turn.
 
     Args:
         agency: ``"low"``, ``"medium"`` or ``"high"``.
         attempt_virtual: this turn's attempt as the file tools address it, e.g. ``"/attempts/attempt_02.py"``.
         min_improvement: ``TILESMITH_MIN_IMPROVEMENT`` as a fraction (0.02 → "2.0%").
+        shell_help: the ``gpu_shell`` section (:meth:`.shell.GraphShell.help`), ``None`` when no shell is offered.
+        skills: trusted skills (:class:`.skills.Skill`: ``name``, ``text``), appended in order.
 
     Raises:
         ValueError: unknown agency (names the allowed values).
     """
     if agency not in AGENCY_RULES:
         raise ValueError(f"agency must be one of {', '.join(AGENCY_RULES)}; got {agency!r}")
-    return _SYSTEM.format(attempt=attempt_virtual, min_improvement=100.0 * min_improvement,
-                          agency_rules=AGENCY_RULES[agency])
+    sections = [_SYSTEM.format(attempt=attempt_virtual, min_improvement=100.0 * min_improvement,
+                               agency_rules=AGENCY_RULES[agency]).rstrip("\n"),
+                "## GPU shell\n" + shell_help if shell_help else _NO_SHELL]
+    for skill in skills:
+        sections.append(f"--- trusted skill {skill.name} (from the user; guidance, not a rule the host checks) ---\n"
+                        f"{skill.text.rstrip()}\n--- end of skill {skill.name} ---")
+    return "\n\n".join(sections) + "\n"
 
 
 def turn_message(*, turn: int, attempt_virtual: str, source: str, loops_accepted: int, loops: int,

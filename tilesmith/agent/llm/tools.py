@@ -8,8 +8,11 @@ Tools (in addition to deepagents' file tools, which are rooted at the track fold
 * ``profile_attempt()`` — per-kernel times of the current attempt (:mod:`.profiling`, subprocess with
   no secrets in its environment).
 * ``read_fx_program()`` — the FX program the wrapper was generated from.
+* ``read_exact_source(file_path, start_line=1, line_count=200)`` — exact text of a track file (no line-number
+  gutters, whitespace kept) for edits that must match byte for byte; ``line_count`` 1..1000 (0.1.4's bounds).
+* ``gpu_shell(command, timeout_seconds=300)`` — only when the sandbox works (:mod:`.shell`, :mod:`.sandbox`).
 
-No shell tool is offered. Tools never raise into the agent: a host-side failure comes back as text.
+Tools never raise into the agent: a host-side failure comes back as text.
 """
 
 from __future__ import annotations
@@ -149,13 +152,51 @@ class TurnState:
             self.on_event(event, **fields)
 
 
-def make_tools(state: TurnState, *, profile: Callable[[Path], str]) -> list[BaseTool]:
-    """The three host tools bound to one turn's :class:`TurnState`.
+MAX_EXACT_LINES = 1000
+MAX_EXACT_FILE_BYTES = 64 * 1024 * 1024
+
+
+def read_exact(workspace: Path, file_path: str, start_line: Any = 1, line_count: Any = 200) -> str:
+    """Lines ``start_line .. start_line + line_count - 1`` (1-based) of the track file at virtual ``file_path``,
+    exactly as stored (line endings kept, no gutters); an error text for a bad path or range.
+
+    The path must stay inside ``workspace`` after resolving links (``..`` and links that leave it are refused);
+    the file must be a regular UTF-8 file of at most 64 MiB.
+    """
+    for name, value, low, high in (("start_line", start_line, 1, None), ("line_count", line_count, 1,
+                                                                         MAX_EXACT_LINES)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low or (high and value > high):
+            bounds = f"from {low} through {high}" if high else f"at least {low}"
+            return f"Error: {name} must be an integer {bounds}; got {value!r}"
+    root = Path(workspace).resolve()
+    virtual = "/" + str(file_path).lstrip("/")
+    if ".." in Path(virtual).parts:
+        return "Error: path traversal is not allowed"
+    target = (root / virtual.lstrip("/")).resolve()
+    if target != root and root not in target.parents:
+        return f"Error: {virtual} is outside the workspace"
+    try:
+        if not target.is_file():
+            return f"Error: {virtual} is not a file"
+        if target.stat().st_size > MAX_EXACT_FILE_BYTES:
+            return f"Error: {virtual} is larger than {MAX_EXACT_FILE_BYTES} bytes"
+        with open(target, encoding="utf-8", newline="") as handle:
+            lines = handle.read().splitlines(keepends=True)
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"Error: cannot read {virtual}: {exc}"
+    if start_line > max(1, len(lines)):
+        return f"Error: {virtual} has {len(lines)} lines; start_line {start_line} is past the end"
+    return "".join(lines[start_line - 1:start_line - 1 + line_count])
+
+
+def make_tools(state: TurnState, *, profile: Callable[[Path], str], shell: Any = None) -> list[BaseTool]:
+    """The host tools bound to one turn's :class:`TurnState`.
 
     Args:
         state: this turn's state.
         profile: ``profile(attempt_path) -> text`` (usually :func:`.profiling.profile_source` bound to
             the graph and the worker timeout).
+        shell: the graph's :class:`~.shell.GraphShell`, or ``None`` (no ``gpu_shell`` tool).
     """
 
     @tool
@@ -183,4 +224,22 @@ def make_tools(state: TurnState, *, profile: Callable[[Path], str]) -> list[Base
         except OSError:
             return state.session.graph.fx_program
 
-    return [evaluate_attempt, profile_attempt, read_fx_program]
+    @tool
+    def read_exact_source(file_path: str, start_line: int = 1, line_count: int = 200) -> str:
+        """Read exact text of a workspace file (e.g. your attempt) without line-number gutters: whitespace and
+        line endings exactly as stored. Use it for text you copy into edit_file's old_string. start_line is
+        1-based; line_count is 1 to 1000."""
+        return read_exact(state.session.workspace, file_path, start_line, line_count)
+
+    tools: list[BaseTool] = [evaluate_attempt, profile_attempt, read_fx_program, read_exact_source]
+    if shell is not None:
+
+        @tool
+        def gpu_shell(command: str, timeout_seconds: int = 300) -> str:
+            """Run a bash command in this graph's sandboxed GPU workspace (/workspace): Python, Triton, nvcc,
+            profilers, timing experiments. candidate.py there is your attempt file, synced both ways;
+            `python runner.py --time` times it against baseline.py on the graph's real inputs. No network."""
+            return shell.run(command, timeout_seconds, state.attempt_path, state.attempt_virtual, state.lock)
+
+        tools.insert(0, gpu_shell)
+    return tools

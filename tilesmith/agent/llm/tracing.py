@@ -22,7 +22,8 @@ event                  fields
 =====================  ==============================================================================
 
 Every string goes through the run's :class:`~tilesmith.agent.llm.redact.Redactor` before it is written,
-so provider keys and the proxy's client key never reach the file.
+so provider keys and the proxy's client key never reach the file; skill texts (:mod:`.skills`) are written as a
+placeholder naming the skill and its sha256. :class:`LiveTrace` is the console counterpart (tool calls only).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -49,8 +51,7 @@ def _text(value: Any) -> Any:
 
 
 def _message(msg: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {"role": getattr(msg, "type", type(msg).__name__),
-                           "content": _text(getattr(msg, "content", ""))}
+    out: dict[str, Any] = {"role": getattr(msg, "type", type(msg).__name__), "content": getattr(msg, "content", "")}
     calls = getattr(msg, "tool_calls", None)
     if calls:
         out["tool_calls"] = [{"name": c.get("name"), "args": c.get("args"), "id": c.get("id")} for c in calls]
@@ -71,10 +72,12 @@ class TraceRecorder(BaseCallbackHandler):
     run_inline = True
     raise_error = False
 
-    def __init__(self, path: Path, turn: int, redactor: Redactor) -> None:
+    def __init__(self, path: Path, turn: int, redactor: Redactor, elide: Sequence[tuple[str, str]] = ()) -> None:
         self.path = Path(path)
         self.turn = turn
         self.redactor = redactor
+        self.elide = tuple((text, placeholder) for text, placeholder in elide if text)
+        """``(text, placeholder)`` pairs: skill texts are recorded as their placeholders."""
         self._lock = threading.Lock()
         self._t0 = time.monotonic()
         self._agents: dict[UUID, str] = {}
@@ -83,6 +86,9 @@ class TraceRecorder(BaseCallbackHandler):
 
     def _scrub(self, value: Any) -> Any:
         if isinstance(value, str):
+            for text, placeholder in self.elide:
+                if text in value:
+                    value = value.replace(text, placeholder)
             return self.redactor(_text(value))
         if isinstance(value, dict):
             return {self._scrub(str(k)): self._scrub(v) for k, v in value.items()}
@@ -158,3 +164,66 @@ class TraceRecorder(BaseCallbackHandler):
 
     def on_tool_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         self.write("tool_error", run_id=str(run_id), error=f"{type(error).__name__}: {error}")
+
+
+LIVE_ARGS_CHARS = 1000
+"""Characters of a tool call's arguments shown in the live trace (0.1.4 cuts at 1,000 too)."""
+_LIVE_RESULT_CHARS = 160
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + f"… [{len(text) - limit} characters cut]"
+
+
+class LiveTrace(BaseCallbackHandler):
+    """Console trace of every tool call while the agent works: one line when a tool starts (its arguments as
+    JSON, cut at :data:`LIVE_ARGS_CHARS` characters) and one when it ends (the first line of its result).
+
+    Lines go to ``sink`` (the factory passes :meth:`tilesmith.progress.Progress.trace`, which shows them per
+    ``TILESMITH_PROGRESS``/``TILESMITH_DEBUG`` and logs them). Every line passes the run's redactor before it is
+    cut, so no part of a secret is shown.
+    """
+
+    run_inline = True
+    raise_error = False
+
+    def __init__(self, label: str, turn: int, redactor: Redactor, sink: Any) -> None:
+        self.label = label
+        self.turn = turn
+        self.redactor = redactor
+        self.sink = sink
+        self._names: dict[UUID, str] = {}
+        self._lock = threading.Lock()
+
+    def _emit(self, text: str) -> None:
+        try:
+            self.sink(text)
+        except Exception:  # noqa: BLE001 - the display must never break the agent
+            pass
+
+    def on_tool_start(self, serialized: dict[str, Any], input_str: str, *, run_id: UUID,
+                      metadata: dict[str, Any] | None = None, inputs: dict[str, Any] | None = None,
+                      **kwargs: Any) -> None:
+        name = str((serialized or {}).get("name") or kwargs.get("name") or "tool")
+        with self._lock:
+            self._names[run_id] = name
+        args = json.dumps(inputs if inputs is not None else input_str, ensure_ascii=False, sort_keys=True,
+                          default=str)
+        agent = TraceRecorder._agent(metadata)
+        self._emit(f"tilesmith {self.label} turn {self.turn} {agent}: {name}"
+                   f"({_cut(self.redactor(args), LIVE_ARGS_CHARS)})")
+
+    def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        with self._lock:
+            name = self._names.pop(run_id, "tool")
+        content = getattr(output, "content", None)
+        text = str(output if content is None else content).strip()
+        first = text.splitlines()[0] if text else "(empty)"
+        self._emit(f"tilesmith {self.label} turn {self.turn}: {name} -> "
+                   f"{_cut(self.redactor(first), _LIVE_RESULT_CHARS)}")
+
+    def on_tool_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        with self._lock:
+            name = self._names.pop(run_id, "tool")
+        self._emit(f"tilesmith {self.label} turn {self.turn}: {name} failed: "
+                   f"{_cut(self.redactor(f'{type(error).__name__}: {error}'), _LIVE_RESULT_CHARS)}")
