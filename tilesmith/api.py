@@ -230,7 +230,8 @@ def _missing_piece(example_inputs: Any, model: Any, allow_cpu: bool, *, check_in
         from tilesmith.agent.llm import check_availability
     except ImportError as exc:  # the agent stack (deepagents, langchain-openai) is not installed
         return ("missing_proxy", f"the LLM agent stack cannot be imported ({exc}); using plain torch.compile. "
-                "Remedy: pip install 'tilesmith-ai' with its dependencies, or use "
+                "Remedy: reinstall Tilesmith from its checkout with its dependencies (pip install <checkout>; "
+                "PyPI's tilesmith-ai is another project), or use "
                 f"agent_model='{BUILTIN_MODEL}'.")
     availability = check_availability(model)
     if not availability.ok:  # name what was asked for and what happens now

@@ -188,7 +188,7 @@ def write_report(run: RunData, output: Path) -> Path:
     """Render ``run`` and write it to ``output`` (atomically); return the path.
 
     Raises:
-        ImportError: matplotlib is missing (``pip install 'tilesmith-ai[report]'``).
+        ImportError: matplotlib is missing (the report extra: ``pip install '<checkout>[report]'``).
         OSError: ``output`` cannot be written.
     """
     from tilesmith.cache._atomic import write_text_atomic
