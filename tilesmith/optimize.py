@@ -228,9 +228,13 @@ def _install_hit(run: Any, handle: Any, track: Track, gate: Any, hit: tuple[Any,
     candidate = Candidate(source=artifact.source, proposer="cache", note=f"artifact {track.key[:8]}")
     verdict = gate.recheck(candidate)
     if not verdict.accepted:
-        run.diagnose("cache_recheck_failed", f"graph {track.label}: the cached artifact failed its re-check "
-                     f"on this run's inputs ({verdict.summary()}); optimizing as usual.", track.key,
-                     handle.graph.name)
+        # In track.json too (an evaluation by "cache" naming its gate report, and the diagnostic), so that
+        # `tilesmith show`/`report` list it with the graph.
+        track.record_evaluation(verdict.evaluation_id or "recheck", None, "cache", verdict)
+        diagnostic = run.diagnose("cache_recheck_failed", f"graph {track.label}: the cached artifact failed its "
+                                  f"re-check on this run's inputs ({verdict.summary()}); optimizing as usual.",
+                                  track.key, handle.graph.name)
+        track.add_diagnostic(diagnostic)
         return False
     store.write_cache_json(track.folder, track.key, artifact)
     _forward_cache_problems(run, track, store)
