@@ -126,7 +126,7 @@ def markdown(result: dict[str, Any]) -> str:
             ratio = floor_ratio(case, a)
             if ratio is not None and ratio < 1.0:
                 problems.append(f"- {case['case']} / {a}: median time is {ratio:.2f}× the roofline floor, i.e. "
-                                "below it: the timing or the floor is wrong (anchors.md §5 sanity bound)")
+                                "below it: the timing or the floor is wrong (no implementation can beat the roofline)")
             if entry.get("status") != "ok":
                 problems.append(f"- {case['case']} / {a}: {entry.get('error', entry.get('status'))}")
             for d in entry.get("diagnostics") or []:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -105,6 +107,21 @@ def test_missing_proxy_fallback_names_the_executable_setting(monkeypatch):
     assert diag.kind in {"missing_proxy", "missing_credentials"}
     assert "TILESMITH_CLIPROXYAPI_EXECUTABLE" in diag.message or "cli-proxy-api" in diag.message
     assert tilesmith.benchmarks(compiled) == ()
+    assert ".." not in diag.message and re.search(r"[.!?…] The model runs on plain torch.compile", diag.message)
+
+
+def test_the_no_improvement_message_has_single_periods():
+    """The last verdict's reason may end in a period ("too small to confirm."): no "confirm.. The graph"."""
+    from types import SimpleNamespace
+
+    from tilesmith.optimize import _no_win_message
+    from tilesmith.records import Verdict
+
+    last = Verdict(False, "rejected_marginal", ("speedup 1.0100; the gain (if any) is too small to confirm.",))
+    session = SimpleNamespace(verdicts=[last], turns_used=3, stop_reason=lambda: "loops_done",
+                              track=SimpleNamespace(label="1a2b3c4d (0_inference)"))
+    message = _no_win_message(session)
+    assert "too small to confirm. The graph stays on Inductor." in message and ".." not in message
 
 
 @pytest.mark.parametrize("cpu_mode", [False, True])

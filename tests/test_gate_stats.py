@@ -59,7 +59,7 @@ def _simulate(true_gain: float, noise: float, trials: int, pairs: int, seed: int
 
 
 def test_identical_candidate_is_almost_never_accepted_under_noisy_timing():
-    # 3 % per-sample noise (above the 0.2-1.5 % median CV measured on H100, anchors.md §5).
+    # 3 % per-sample noise (above the 0.2-1.5 % median CV of KernelBench's H100 baseline timings, docs/gate.md).
     assert _simulate(0.0, 0.03, trials=400, pairs=30, seed=1) <= 0.001
 
 

@@ -15,6 +15,7 @@ import weakref
 from typing import Any
 
 from tilesmith import settings
+from tilesmith._text import sentence
 from tilesmith.records import BenchmarkRecord, Diagnostic
 
 AGENCY_LEVELS = ("low", "medium", "high")
@@ -238,8 +239,8 @@ def _missing_piece(example_inputs: Any, model: Any, allow_cpu: bool, *, check_in
                 f"agent_model='{BUILTIN_MODEL}'.")
     availability = check_availability(model)
     if not availability.ok:  # name what was asked for and what happens now
-        return (availability.kind, f"agent_model {model!r}: {availability.message} The model runs on plain "
-                "torch.compile (no graph is optimized).")
+        return (availability.kind, f"agent_model {model!r}: {sentence(availability.message)} The model runs on "
+                "plain torch.compile (no graph is optimized).")
     return None
 
 

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from tilesmith import settings
+from tilesmith._text import sentence
 from tilesmith.agent.protocol import StopOptimization
 from tilesmith.install.loader import entry_point, load_wrapper, swap
 from tilesmith.records import BenchmarkRecord, Candidate, Timing, Verdict
@@ -303,8 +304,9 @@ def _no_win_message(session: GraphSession) -> str:
     if rejected:
         last = rejected[-1]
         tail = f"; last verdict: {last.summary()}"
-    return (f"graph {session.track.label}: no candidate passed the gate after {session.turns_used} turns and "
-            f"{len(session.verdicts)} evaluations ({stop}){tail}. The graph stays on Inductor.")
+    text = (f"graph {session.track.label}: no candidate passed the gate after {session.turns_used} turns and "
+            f"{len(session.verdicts)} evaluations ({stop}){tail}")
+    return f"{sentence(text)} The graph stays on Inductor."
 
 
 def _roofline(run: Any, handle: Any) -> Any:

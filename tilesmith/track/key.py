@@ -1,4 +1,4 @@
-"""The 64-hex cache key of one generated graph and its optimization environment (spec §3).
+"""The 64-hex cache key of one generated graph and its optimization environment (docs/cache.md).
 
 The key is the SHA-256 of a canonical JSON document holding everything that changes the answer:
 
