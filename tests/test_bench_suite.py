@@ -156,7 +156,8 @@ def test_child_env_enables_cpu_test_mode_and_repo_imports():
 
 @pytest.mark.slow
 def test_tiny_cpu_suite_writes_json_markdown_and_png(tmp_path):
-    env = dict(os.environ, TILESMITH_ALLOW_CPU="1")
+    # Its own cache root: the tilesmith arm's run folder and artifacts go there, never to ~/.cache/tilesmith.
+    env = dict(os.environ, TILESMITH_ALLOW_CPU="1", TILESMITH_CACHE_DIR=str(tmp_path / "ts"))
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "suite.py"), "--tiny", "--device", "cpu",
                            "--out", str(tmp_path)], cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -207,7 +208,8 @@ def test_markdown_flags_a_time_below_the_roofline_floor():
 def test_spent_budget_skips_cases_but_still_writes_the_report(tmp_path):
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "suite.py"), "--tiny", "--device", "cpu",
                            "--cases", "mlp_fp32,softmax_bias_bf16", "--budget-s", "0", "--out", str(tmp_path)],
-                          cwd=REPO, capture_output=True, text=True, timeout=240)
+                          cwd=REPO, capture_output=True, text=True, timeout=240,
+                          env=dict(os.environ, TILESMITH_CACHE_DIR=str(tmp_path / "ts")))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads((tmp_path / "results.json").read_text())
     assert [c["case"] for c in result["cases"]] == ["mlp_fp32", "softmax_bias_bf16"]
