@@ -61,7 +61,9 @@ def paired_speedup(baseline_ms: list[float] | tuple[float, ...], candidate_ms: l
     speedup = float(torch.quantile(ratios, 0.5))
     generator = torch.Generator().manual_seed(int(seed))
     picks = torch.randint(0, ratios.numel(), (BOOTSTRAP_RESAMPLES, ratios.numel()), generator=generator)
-    medians = torch.quantile(ratios[picks], 0.5, dim=1)
+    resampled = ratios[picks].sort(dim=1).values
+    n = ratios.numel()
+    medians = 0.5 * (resampled[:, (n - 1) // 2] + resampled[:, n // 2])  # numpy's median, also for even n
     low, high = torch.quantile(medians, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
     return PairedStats(speedup, float(low), float(high), int(ratios.numel()))
 
