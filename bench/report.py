@@ -293,7 +293,7 @@ def _problem_lines(cases: list[dict[str, Any]]) -> list[str]:
             ratio = floor_ratio(case, a)
             if ratio is not None and ratio < 1.0:
                 problems.append(f"- {case['case']} / {a}: median time is {ratio:.2f}× the roofline floor, i.e. "
-                                "below it: the timing or the floor is wrong (anchors.md §5 sanity bound)")
+                                "below it: the timing or the floor is wrong (no implementation can beat the roofline)")
             if entry.get("status") not in ("ok", None):
                 problems.append(f"- {case['case']} / {a}: failed in {entry.get('failed_in', '?')}: "
                                 f"{entry.get('error', entry.get('status'))}")

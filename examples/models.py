@@ -2,8 +2,9 @@
 
 Each block is an ordinary ``torch.nn.Module``; :func:`randomize_` gives every parameter and buffer
 non-trivial random values (norm weights near 1, biases and running statistics small but non-zero), so
-that no output is constant or independent of a weight (a known way for wrong kernels to pass checks,
-see ``/work/shared/research/anchors.md`` §2).
+that no output is constant or independent of a weight (a known way for wrong kernels to pass checks:
+https://github.com/AI-Hypercomputer/accelerator-agents/pull/50, zero-initialized weights made 19 baselines
+constant).
 
 Shapes below use ``B`` batch, ``T`` sequence length, ``C`` model width, ``H`` heads, ``D = C / H``.
 """

@@ -28,8 +28,20 @@ fi
 
 command -v go >/dev/null 2>&1 || { echo "error: go not found (Go >= 1.26 is needed to build CLIProxyAPI $VERSION)" >&2; exit 1; }
 
+# Run a go command with its ~100 "go: downloading <module> <version>" progress lines dropped; every other
+# line of its stderr (errors included) is printed after it ends, and its exit status is kept.
+quiet_go() {
+    local log status=0
+    log="$(mktemp)"
+    "$@" 2>"$log" || status=$?
+    grep -v '^go: downloading ' "$log" >&2 || true
+    rm -f "$log"
+    return "$status"
+}
+
 mkdir -p "$OUTDIR"
-go mod download "$MODULE@v$VERSION"
+echo "building cli-proxy-api $VERSION (downloads its Go modules on the first build)"
+quiet_go go mod download "$MODULE@v$VERSION"
 # The module cache escapes upper-case letters as !lower (CLIProxyAPI -> !c!l!i!proxy!a!p!i).
 ESCAPED="$(printf '%s' "$MODULE" | sed -E 's/([A-Z])/!\L\1/g')"
 SRC="$(go env GOMODCACHE)/$ESCAPED@v$VERSION"
@@ -37,7 +49,7 @@ SRC="$(go env GOMODCACHE)/$ESCAPED@v$VERSION"
 
 TMP_OUT="$(mktemp "$OUTDIR/.cli-proxy-api.XXXXXX")"
 trap 'rm -f "$TMP_OUT"' EXIT
-(cd "$SRC" && CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath \
+(cd "$SRC" && CGO_ENABLED=0 GOFLAGS=-mod=mod quiet_go go build -trimpath \
     -ldflags "-s -w -X main.Version=$VERSION" -o "$TMP_OUT" ./cmd/server)
 chmod 0755 "$TMP_OUT"
 mv -f "$TMP_OUT" "$OUT"

@@ -28,6 +28,9 @@ def render() -> str:
     for s in settings.REGISTRY.values():
         default = "—" if s.default is None else f"`{s.default}`"
         lines.append(f"| `{s.name}` | {default} | {s.description} |")
+    for old, new in settings.DEPRECATED.items():
+        lines.append(f"| `{old}` | — | Deprecated alias of `{new}`: read only when `{new}` is unset, with a "
+                     f"FutureWarning. Set `{new}` instead. |")
     if settings.ALIASES:
         lines += ["", "Aliases (tilesmith-ai 0.1.4's names): read when the variable they stand for is unset.", "",
                   "| alias | stands for |", "|---|---|"]

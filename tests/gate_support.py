@@ -1,7 +1,7 @@
 """Helpers for the gate tests: capture real Inductor wrappers of small models and build GateProblems.
 
 A model is compiled with ``torch.compile`` through ``compile_fx`` with an ``inner_compile`` hook (the
-same interception point as the capture stage, research/inductor.md §0); the hook keeps the
+same interception point as the capture stage, tilesmith/capture/backend.py); the hook keeps the
 ``CompiledFxGraph`` and records the argument list of its first real call. The result is what the
 pipeline hands the gate: a :class:`~tilesmith.records.CapturedGraph`, the first call's inputs (as
 ``inputs.pt`` in a snapshot folder) and the original callable as the trusted reference.

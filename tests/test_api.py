@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -105,6 +107,67 @@ def test_missing_proxy_fallback_names_the_executable_setting(monkeypatch):
     assert diag.kind in {"missing_proxy", "missing_credentials"}
     assert "TILESMITH_CLIPROXYAPI_EXECUTABLE" in diag.message or "cli-proxy-api" in diag.message
     assert tilesmith.benchmarks(compiled) == ()
+    assert ".." not in diag.message and re.search(r"[.!?…] The model runs on plain torch.compile", diag.message)
+
+
+def test_the_no_improvement_message_has_single_periods():
+    """The last verdict's reason may end in a period ("too small to confirm."): no "confirm.. The graph"."""
+    from types import SimpleNamespace
+
+    from tilesmith.optimize import _no_win_message
+    from tilesmith.records import Verdict
+
+    last = Verdict(False, "rejected_marginal", ("speedup 1.0100; the gain (if any) is too small to confirm.",))
+    session = SimpleNamespace(verdicts=[last], turns_used=3, stop_reason=lambda: "loops_done",
+                              track=SimpleNamespace(label="1a2b3c4d (0_inference)"))
+    message = _no_win_message(session)
+    assert "too small to confirm. The graph stays on Inductor." in message and ".." not in message
+
+
+@pytest.mark.parametrize("cpu_mode", [False, True])
+def test_a_fallback_compile_writes_no_run_folder(monkeypatch, tmp_path, cpu_mode):
+    """0 graphs tracked (no CUDA input; no model in test mode): the diagnostics stay in memory only."""
+    if cpu_mode:
+        monkeypatch.setenv("TILESMITH_ALLOW_CPU", "1")
+    model = TwoLayer().eval()
+    compiled = tilesmith.compile(model, example_inputs=(X,))
+    with torch.no_grad():
+        compiled(X)
+    assert [d.kind for d in tilesmith.diagnostics(compiled)] == ["missing_model" if cpu_mode else "no_cuda_device"]
+    assert not (tmp_path / "ts" / "runs").exists()
+
+
+def test_run_folder_keeps_diagnostics_until_its_first_track(tmp_path):
+    import json
+
+    from tilesmith.records import Diagnostic
+    from tilesmith.track.run import RunFolder
+
+    folder = RunFolder(tmp_path, "r1", {"agent_model": None})
+    assert folder.add_diagnostic(Diagnostic("not_eligible", "graph 1: on the CPU")) is None
+    assert not (tmp_path / "runs").exists()
+    assert folder.open() is None
+    doc = json.loads((tmp_path / "runs" / "r1" / "run.json").read_text())
+    assert doc["agent_model"] is None and [d["kind"] for d in doc["diagnostics"]] == ["not_eligible"]
+
+
+def test_a_tracked_graph_writes_the_run_folder(monkeypatch, tmp_path):
+    import json
+
+    from tilesmith.pipeline import RunOptions
+
+    assert RunOptions(None, "medium", 1, None, False, 0.02).model_name is None  # never "custom:NoneType"
+    monkeypatch.setenv("TILESMITH_ALLOW_CPU", "1")
+    factory = ScriptedFactory()
+    compiled = tilesmith.compile(TwoLayer().eval(), example_inputs=(X,), agent_model=factory)
+    assert not (tmp_path / "ts" / "runs").exists()  # compiled, not yet called: nothing tracked
+    with torch.no_grad():
+        compiled(X)
+    (run_json,) = (tmp_path / "ts").glob("runs/*/run.json")
+    doc = json.loads(run_json.read_text())
+    assert doc["agent_model"] == f"custom:{getattr(factory, 'name', type(factory).__name__)}"
+    assert [d["kind"] for d in doc["diagnostics"]] == [d.kind for d in tilesmith.diagnostics(compiled)]
+    assert list(run_json.parent.glob("*/track.json"))
 
 
 def test_model_from_environment_is_used_and_argument_overrides_it(monkeypatch):

@@ -1,5 +1,5 @@
 """An artifact accepted in one process is reused by the next: the agent does not run, the gate re-checks
-it on the new inputs, it is installed, and the track holds cache.json (spec §3, CPU test mode)."""
+it on the new inputs, it is installed, and the track holds cache.json (docs/cache.md, CPU test mode)."""
 
 from __future__ import annotations
 

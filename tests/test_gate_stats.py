@@ -59,9 +59,41 @@ def _simulate(true_gain: float, noise: float, trials: int, pairs: int, seed: int
 
 
 def test_identical_candidate_is_almost_never_accepted_under_noisy_timing():
-    # 3 % per-sample noise (above the 0.2-1.5 % median CV measured on H100, anchors.md §5).
+    # 3 % per-sample noise (above the 0.2-1.5 % median CV of KernelBench's H100 baseline timings, docs/gate.md).
     assert _simulate(0.0, 0.03, trials=400, pairs=30, seed=1) <= 0.001
 
 
 def test_true_five_percent_gain_is_accepted_under_noisy_timing():
     assert _simulate(0.05, 0.03, trials=200, pairs=30, seed=2) >= 0.95
+
+
+def test_median_and_interval_match_numpys_definitions():
+    # Even count: the mean of the two middle values (numpy's median), not the lower one (torch.median).
+    assert stats.median([4.0, 1.0, 3.0, 2.0]) == pytest.approx(float(np.median([4.0, 1.0, 3.0, 2.0])))
+    assert stats.median([]) != stats.median([])  # NaN
+    base = [1.0, 2.0, 3.0, 4.0]
+    st = stats.paired_speedup(base, [1.0, 1.0, 1.0, 1.0])
+    assert st.speedup == pytest.approx(2.5)
+    assert 1.0 <= st.ci_low <= st.speedup <= st.ci_high <= 4.0
+
+
+def test_runtime_modules_import_and_compute_without_numpy():
+    """numpy is a dev extra only: every tilesmith module imports, and the statistics run, with numpy hidden."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['numpy'] = None\n"  # `import numpy` now raises ImportError
+        "import importlib, pkgutil, tilesmith\n"
+        "names = [m.name for m in pkgutil.walk_packages(tilesmith.__path__, 'tilesmith.')\n"
+        "         if not m.name.endswith('__main__')]\n"
+        "for name in names: importlib.import_module(name)\n"
+        "from tilesmith.gate import stats, worker_runtime\n"
+        "import torch\n"
+        "st = stats.paired_speedup([2.0, 2.2, 1.9], [1.0, 1.0, 1.0])\n"
+        "print(len(names), st.speedup, worker_runtime.rng_digest(torch.device('cpu')))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    count, speedup, digest = proc.stdout.split()
+    assert int(count) > 50 and float(speedup) == pytest.approx(2.0) and len(digest) == 16

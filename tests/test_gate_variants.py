@@ -4,7 +4,7 @@ rejected with the right check id; the correctness plan holds ≥ 16 calls' outpu
 graph with masks, positions, accumulating indices and -inf padding passes every check on the varied inputs.
 
 Not tested (documented residual risk, docs/gate.md): a call-count time bomb beyond the checked horizon
-(``tests/cheats/redteam_variants.count_bomb``)."""
+(``count_bomb`` in ``tests/cheats/redteam_variants.py``)."""
 
 from __future__ import annotations
 

@@ -56,3 +56,39 @@ def test_compile_rejects_any_invalid_tilesmith_setting_up_front(monkeypatch):
     monkeypatch.setenv("TILESMITH_GATE_PAIRS", "abc")
     with pytest.raises(SettingsError, match="TILESMITH_GATE_PAIRS"):
         tilesmith.compile(torch.nn.Linear(2, 2), example_inputs=(torch.randn(1, 2),), agent_model="tilesmith/builtin")
+
+
+@pytest.mark.parametrize(("name", "value", "form"), [
+    ("TILESMITH_GATE_PAIRS", "abc", "not a whole number; expected a positive integer, for example 30"),
+    ("TILESMITH_AGENT_MAX_RETRIES", "two", "not a whole number; expected an integer >= 0"),
+    ("TILESMITH_GRAPH_TIMEOUT_S", "10m", "not a number; expected a positive number of seconds"),
+    ("TILESMITH_MIN_IMPROVEMENT", "2%", "not a number; expected a fraction in [0, 1)"),
+])
+def test_unparsable_numbers_say_what_is_expected_not_pythons_conversion_error(name, value, form):
+    with pytest.raises(SettingsError) as info:
+        settings.get(name, {name: value})
+    message = str(info.value)
+    assert message.startswith(f"{name}={value!r} is invalid: {form}") and "invalid literal" not in message
+    assert "could not convert" not in message
+
+
+def test_graph_timeout_reads_its_deprecated_name_with_a_warning():
+    assert settings.get("TILESMITH_GRAPH_TIMEOUT_S", {}) == 1800.0
+    with pytest.warns(FutureWarning, match="TILESMITH_TURN_TIMEOUT_S is deprecated.*TILESMITH_GRAPH_TIMEOUT_S"):
+        assert settings.get("TILESMITH_GRAPH_TIMEOUT_S", {"TILESMITH_TURN_TIMEOUT_S": "60"}) == 60.0
+    both = {"TILESMITH_TURN_TIMEOUT_S": "60", "TILESMITH_GRAPH_TIMEOUT_S": "90"}
+    assert settings.get("TILESMITH_GRAPH_TIMEOUT_S", both) == 90.0  # the new name wins, no warning needed
+    assert settings.DEPRECATED == {"TILESMITH_TURN_TIMEOUT_S": "TILESMITH_GRAPH_TIMEOUT_S"}
+    with pytest.raises(SettingsError, match=r"^TILESMITH_TURN_TIMEOUT_S='soon' is invalid"), \
+            pytest.warns(FutureWarning):
+        settings.check_all({"TILESMITH_TURN_TIMEOUT_S": "soon"})
+
+
+def test_the_session_limit_honours_the_deprecated_name(monkeypatch, tmp_path):
+    from tests.test_session import make_session
+
+    monkeypatch.delenv("TILESMITH_GRAPH_TIMEOUT_S", raising=False)
+    monkeypatch.setenv("TILESMITH_TURN_TIMEOUT_S", "1e-9")
+    with pytest.warns(FutureWarning):
+        session, *_ = make_session(tmp_path, time_limit_s=None)
+    assert session.stop_reason() == "time_limit: TILESMITH_GRAPH_TIMEOUT_S elapsed"

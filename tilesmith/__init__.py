@@ -8,6 +8,6 @@ from tilesmith.api import benchmarks, compile, diagnostics, wait
 from tilesmith.errors import TilesmithError
 from tilesmith.records import BenchmarkRecord, Diagnostic
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = ["BenchmarkRecord", "Diagnostic", "TilesmithError", "__version__", "benchmarks", "compile", "diagnostics", "wait"]

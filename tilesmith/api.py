@@ -3,7 +3,9 @@
 ``tilesmith.compile`` returns an ordinary ``torch.compile`` callable. Dynamo, AOTAutograd and Inductor
 run as usual; Tilesmith observes each Inductor graph, and at an eligible graph's first real call optimizes
 it (pipeline module docstring). When a required piece is missing it falls back to plain
-``torch.compile(...)`` and leaves a diagnostic naming the piece and how to supply it (spec §1).
+``torch.compile(...)`` and leaves a diagnostic naming the piece and how to supply it, checked in this order:
+example inputs, a CUDA tensor among them (or CPU test mode), an optimizer (``agent_model`` or
+``TILESMITH_MODEL``), and for an LLM model the agent stack, the CLIProxyAPI executable and credentials.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import weakref
 from typing import Any
 
 from tilesmith import settings
+from tilesmith._text import sentence
 from tilesmith.records import BenchmarkRecord, Diagnostic
 
 AGENCY_LEVELS = ("low", "medium", "high")
@@ -38,7 +41,7 @@ def compile(  # noqa: A001 - mirrors torch.compile on purpose
 
     Args:
         model: an ``nn.Module`` or function, exactly as ``torch.compile`` takes it.
-        example_inputs: tuple with at least one CUDA tensor (any shapes/dtypes); used to check that the
+        example_inputs: tuple or list with at least one CUDA tensor (any shapes/dtypes); used to check that the
             model will run on a GPU. The gate uses the *first real call's* inputs, not these.
         agent_model: optimizer: a model the private CLIProxyAPI lists (e.g. ``"gpt-5.5"``),
             ``"tilesmith/builtin"`` for the built-in agent (no LLM, no keys), or an object with
@@ -180,7 +183,8 @@ def _validate(example_inputs: Any, agent_model: Any, agency: Any, loops: Any, ma
     from tilesmith.agent import is_factory
 
     if example_inputs is not None and not isinstance(example_inputs, tuple | list):
-        msg = f"example_inputs must be a tuple of tensors (or None), got {type(example_inputs).__name__}"
+        msg = ("example_inputs must be a tuple or list of the model's inputs, e.g. (x,), or None; "
+               f"got {type(example_inputs).__name__}")
         raise TypeError(msg)
     if agent_model is not None and not isinstance(agent_model, str) and not is_factory(agent_model):
         msg = ("agent_model must be a model name (str), 'tilesmith/builtin', or an OptimizerFactory, "
@@ -249,7 +253,7 @@ def _check_skills(model: Any) -> None:
 
 def _missing_piece(example_inputs: Any, model: Any, allow_cpu: bool, *, check_inputs: bool = True
                    ) -> tuple[str, str] | None:
-    """``(kind, message)`` for the first missing piece, in spec §1 order, or ``None`` when all are there."""
+    """``(kind, message)`` for the first missing piece, in the module docstring's order, or ``None``."""
     import torch
 
     from tilesmith.agent import BUILTIN_MODEL, is_factory
@@ -276,12 +280,13 @@ def _missing_piece(example_inputs: Any, model: Any, allow_cpu: bool, *, check_in
         from tilesmith.agent.llm import check_availability
     except ImportError as exc:  # the agent stack (deepagents, langchain-openai) is not installed
         return ("missing_proxy", f"the LLM agent stack cannot be imported ({exc}); using plain torch.compile. "
-                "Remedy: pip install 'tilesmith-ai' with its dependencies, or use "
+                "Remedy: reinstall Tilesmith from its checkout with its dependencies (pip install <checkout>; "
+                "PyPI's tilesmith-ai is another project), or use "
                 f"agent_model='{BUILTIN_MODEL}'.")
     availability = check_availability(model)
     if not availability.ok:  # name what was asked for and what happens now
-        return (availability.kind, f"agent_model {model!r}: {availability.message} The model runs on plain "
-                "torch.compile (no graph is optimized).")
+        return (availability.kind, f"agent_model {model!r}: {sentence(availability.message)} The model runs on "
+                "plain torch.compile (no graph is optimized).")
     return None
 
 

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from tilesmith import settings
+from tilesmith._text import sentence
 from tilesmith.agent.protocol import StopOptimization
 from tilesmith.install.loader import entry_point, load_wrapper, swap
 from tilesmith.records import BenchmarkRecord, Candidate, Timing, Verdict
@@ -228,9 +229,13 @@ def _install_hit(run: Any, handle: Any, track: Track, gate: Any, hit: tuple[Any,
     candidate = Candidate(source=artifact.source, proposer="cache", note=f"artifact {track.key[:8]}")
     verdict = gate.recheck(candidate)
     if not verdict.accepted:
-        run.diagnose("cache_recheck_failed", f"graph {track.label}: the cached artifact failed its re-check "
-                     f"on this run's inputs ({verdict.summary()}); optimizing as usual.", track.key,
-                     handle.graph.name)
+        # In track.json too (an evaluation by "cache" naming its gate report, and the diagnostic), so that
+        # `tilesmith show`/`report` list it with the graph.
+        track.record_evaluation(verdict.evaluation_id or "recheck", None, "cache", verdict)
+        diagnostic = run.diagnose("cache_recheck_failed", f"graph {track.label}: the cached artifact failed its "
+                                  f"re-check on this run's inputs ({verdict.summary()}); optimizing as usual.",
+                                  track.key, handle.graph.name)
+        track.add_diagnostic(diagnostic)
         return False
     store.write_cache_json(track.folder, track.key, artifact)
     _forward_cache_problems(run, track, store)
@@ -299,8 +304,9 @@ def _no_win_message(session: GraphSession) -> str:
     if rejected:
         last = rejected[-1]
         tail = f"; last verdict: {last.summary()}"
-    return (f"graph {session.track.label}: no candidate passed the gate after {session.turns_used} turns and "
-            f"{len(session.verdicts)} evaluations ({stop}){tail}. The graph stays on Inductor.")
+    text = (f"graph {session.track.label}: no candidate passed the gate after {session.turns_used} turns and "
+            f"{len(session.verdicts)} evaluations ({stop}){tail}")
+    return f"{sentence(text)} The graph stays on Inductor."
 
 
 def _roofline(run: Any, handle: Any) -> Any:

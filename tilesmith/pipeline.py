@@ -49,9 +49,12 @@ class RunOptions:
     compile_mode: str | None = None
 
     @property
-    def model_name(self) -> str:
+    def model_name(self) -> str | None:
+        """The model name, ``custom:<name>`` for an ``OptimizerFactory``, ``None`` when no optimizer was given."""
         model = self.agent_model
-        return model if isinstance(model, str) else f"custom:{getattr(model, 'name', type(model).__name__)}"
+        if model is None or isinstance(model, str):
+            return model
+        return f"custom:{getattr(model, 'name', type(model).__name__)}"
 
 
 def _with_fx_module(graph: CapturedGraph, from_cache: bool) -> CapturedGraph:
@@ -237,7 +240,9 @@ class LiveRun:
             reuse_in_run(self, first, handle)
             return
         track = Track(self.folder, handle.graph, handle.key, self.options.loops)
-        self.folder.save()
+        problem = self.folder.open()  # the run folder exists from its first tracked graph on
+        if problem is not None:
+            self.record_diagnostic(problem)
         track.create()
         optimize_graph(self, handle, track, inputs)
 

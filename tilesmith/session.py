@@ -48,7 +48,7 @@ class GraphSession:
         self._calls_used = calls_used
         self._turns = 0
         self._max_turns = max_turns if max_turns is not None else settings.get("TILESMITH_MAX_TURNS")
-        limit = time_limit_s if time_limit_s is not None else settings.get("TILESMITH_TURN_TIMEOUT_S")
+        limit = time_limit_s if time_limit_s is not None else settings.get("TILESMITH_GRAPH_TIMEOUT_S")
         self._deadline = time.monotonic() + limit
         self._stopped: str | None = None
         self._host_rejections = 0
@@ -72,11 +72,11 @@ class GraphSession:
         if self._turns >= self._max_turns:
             return f"turn_limit: {self._turns} turns used (TILESMITH_MAX_TURNS={self._max_turns})"
         if time.monotonic() > self._deadline:
-            return "time_limit: TILESMITH_TURN_TIMEOUT_S elapsed"
+            return "time_limit: TILESMITH_GRAPH_TIMEOUT_S elapsed"
         return None
 
     def time_left_s(self) -> float:
-        """Seconds until ``TILESMITH_TURN_TIMEOUT_S`` ends this graph's optimization (≥ 0)."""
+        """Seconds until ``TILESMITH_GRAPH_TIMEOUT_S`` ends this graph's optimization (≥ 0)."""
         return max(0.0, self._deadline - time.monotonic())
 
     def stop(self, reason: str) -> None:

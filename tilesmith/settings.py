@@ -8,12 +8,16 @@ a :class:`~tilesmith.track.run.Run` snapshots what it needs when it is created.
 
 Errors: an unparsable value raises :class:`tilesmith.errors.SettingsError` (a ``ValueError``) naming the
 variable, the value and the accepted form: a typo must never silently change behaviour.
+
+Renamed settings keep their old name as a deprecated alias (:attr:`Setting.deprecated_names`): it is read
+only when the new name is unset, with a ``FutureWarning`` (shown by default) naming the new one.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +35,8 @@ class Setting:
     parse: Callable[[str], Any]
     description: str
     secret: bool = False
+    deprecated_names: tuple[str, ...] = ()
+    """Old names still read (with a ``FutureWarning``) when ``name`` is unset."""
 
 
 def _bool(text: str) -> bool:
@@ -42,31 +48,45 @@ def _bool(text: str) -> bool:
     raise ValueError("expected one of 1/0, true/false, yes/no, on/off")
 
 
+def _number(text: str, form: str) -> float:
+    try:
+        return float(text.strip())
+    except ValueError:
+        raise ValueError(f"not a number; expected {form}") from None
+
+
+def _integer(text: str, form: str) -> int:
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise ValueError(f"not a whole number; expected {form}") from None
+
+
 def _fraction(text: str) -> float:
-    value = float(text)
+    value = _number(text, "a fraction in [0, 1), for example 0.02 for 2 %")
     if not math.isfinite(value) or not 0.0 <= value < 1.0:
         raise ValueError("expected a finite fraction in [0, 1), for example 0.02 for 2 %")
     return value
 
 
 def _positive_float(text: str) -> float:
-    value = float(text)
+    value = _number(text, "a positive number of seconds, for example 600")
     if not math.isfinite(value) or value <= 0:
-        raise ValueError("expected a positive number of seconds")
+        raise ValueError("expected a positive number of seconds, for example 600")
     return value
 
 
 def _positive_int(text: str) -> int:
-    value = int(text)
+    value = _integer(text, "a positive integer, for example 30")
     if value <= 0:
-        raise ValueError("expected a positive integer")
+        raise ValueError("expected a positive integer, for example 30")
     return value
 
 
 def _nonnegative_int(text: str) -> int:
-    value = int(text)
+    value = _integer(text, "an integer >= 0, for example 2")
     if value < 0:
-        raise ValueError("expected an integer >= 0")
+        raise ValueError("expected an integer >= 0, for example 2")
     return value
 
 
@@ -116,9 +136,10 @@ _SETTINGS = (
             "Seconds a gate worker may take to initialize and to load a candidate (import it and compile "
             "its kernels) before it is killed and the candidate rejected; check and timing requests use "
             "TILESMITH_GATE_RUN_TIMEOUT_S."),
-    Setting("TILESMITH_TURN_TIMEOUT_S", "1800", _positive_float,
-            "Wall-clock seconds one graph's optimization may take in total; the loop stops after "
-            "the turn that crosses it."),
+    Setting("TILESMITH_GRAPH_TIMEOUT_S", "1800", _positive_float,
+            "Wall-clock seconds one graph's optimization may take in total (all its turns and gate "
+            "evaluations); the loop stops after the turn that crosses it. Formerly TILESMITH_TURN_TIMEOUT_S, "
+            "still read (deprecated) when this is unset.", deprecated_names=("TILESMITH_TURN_TIMEOUT_S",)),
     Setting("TILESMITH_GRAPH_BUDGET_S", "120", _positive_float,
             "Seconds the built-in agent may spend on one graph's first-call optimization: the search worker "
             "(measurements, configuration compiles and screens) plus gate evaluations. Past it the agent stops "
@@ -190,10 +211,16 @@ _SETTINGS = (
 )
 
 REGISTRY: dict[str, Setting] = {}
+#: Deprecated name → the setting that replaced it.
+DEPRECATED: dict[str, str] = {}
 for _s in _SETTINGS:
-    if _s.name in REGISTRY:  # pragma: no cover - guards edits to the table above
+    if _s.name in REGISTRY or _s.name in DEPRECATED:  # pragma: no cover - guards edits to the table above
         raise RuntimeError(f"duplicate setting {_s.name}")
     REGISTRY[_s.name] = _s
+    for _old in _s.deprecated_names:
+        if _old in REGISTRY or _old in DEPRECATED:  # pragma: no cover
+            raise RuntimeError(f"duplicate setting {_old}")
+        DEPRECATED[_old] = _s.name
 
 #: Other names a setting answers to (alias -> registered name): tilesmith-ai 0.1.4's names. When both are set,
 #: the registered name wins; an invalid alias value is reported under the alias's name.
@@ -225,8 +252,8 @@ def check_all(environ: dict[str, str] | None = None) -> None:
         SettingsError: the first variable whose value its parser rejects (names the variable and its default).
     """
     env = os.environ if environ is None else environ
-    for name in REGISTRY:
-        if name in env:
+    for name, setting in REGISTRY.items():
+        if name in env or any(old in env for old in setting.deprecated_names):
             get(name, env)
     for alias, target in ALIASES.items():
         if alias in env and target not in env:
@@ -251,6 +278,13 @@ def get(name: str, environ: dict[str, str] | None = None) -> Any:
                 raw, source = env[alias], alias
                 break
     if raw is None:
+        for old in setting.deprecated_names:
+            if env.get(old) is not None:
+                raw, source = env[old], old
+                warnings.warn(f"{old} is deprecated: it was renamed {name} (same meaning and value); "
+                              f"set {name} instead.", FutureWarning, stacklevel=2)
+                break
+    if raw is None:
         raw = setting.default
     if raw is None:
         return None
@@ -258,7 +292,7 @@ def get(name: str, environ: dict[str, str] | None = None) -> Any:
         return setting.parse(raw)
     except ValueError as exc:
         shown, why = ("<hidden>", "rejected") if setting.secret else (repr(raw), str(exc))
-        via = f" (an alias of {name})" if source != name else ""
+        via = f" (an alias of {name})" if source in ALIASES else ""
         msg = f"{source}={shown}{via} is invalid: {why}. Unset it to use the default ({setting.default!r})."
         raise SettingsError(msg) from None
 

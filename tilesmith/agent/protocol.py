@@ -7,7 +7,7 @@ the new incumbent (the baseline the next loop must beat).
 
 Stop rule (guarantees termination, also when ``max_model_calls`` is ``None``): a session stops
 accepting work when ``loops`` candidates were accepted, when ``TILESMITH_MAX_TURNS`` turns were used, or
-when ``TILESMITH_TURN_TIMEOUT_S`` seconds have passed since optimization of the graph began.
+when ``TILESMITH_GRAPH_TIMEOUT_S`` seconds have passed since optimization of the graph began.
 :meth:`Session.stop_reason` says which; optimizers must check it before each turn, and
 :meth:`Session.new_turn` raises :class:`StopOptimization` once it is set.
 """

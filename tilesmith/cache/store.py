@@ -269,7 +269,7 @@ class ArtifactStore:
             return None
 
     def write_cache_json(self, track_dir: Path | str, key: str, artifact: Artifact) -> Path | None:
-        """Write ``<track_dir>/cache.json`` naming the reused artifact (spec §3); return its path.
+        """Write ``<track_dir>/cache.json`` naming the reused artifact (docs/layout.md); return its path.
 
         Fields: ``format``, ``graph_key``, ``artifact_dir``, ``content_hash``, ``origin_run_id``,
         ``created_utc`` (of the artifact), ``reused_utc``, ``proposer``, the stored ``speedup``,

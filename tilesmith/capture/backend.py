@@ -5,7 +5,7 @@ AOTAutograd and Inductor; the wrapper only observes what ``compile_fx_inner`` re
 training forward, and the training backward, which AOTAutograd compiles lazily at the first
 ``.backward()`` through the same ``inner_compile`` closure) and hands it to a sink.
 
-Caches (research/inductor.md §1.4, §4): Inductor's FX graph cache, its generated-code caches and the
+Caches (torch 2.11's ``torch/_inductor/codecache.py`` and ``torch/_functorch/_aot_autograd/autograd_cache.py``): Inductor's FX graph cache, its generated-code caches and the
 AOTAutograd cache all stay on. ``inner_compile`` still runs on an FX-cache hit and gets the wrapper source,
 but a warm AOTAutograd cache hands back a ``CompiledFxGraph`` without calling ``inner_compile`` at all. Those
 graphs are seen through ``CompiledFxGraph.post_compile``, which both paths call once per graph: the backend
@@ -99,7 +99,7 @@ class TilesmithBackend:
     def _inner_compile(self, gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
         from torch._inductor.compile_fx import compile_fx_inner
 
-        # Inductor's post-grad passes mutate gm in place: print it first (research/inductor.md §1.1).
+        # Inductor's post-grad passes mutate gm in place (torch/_inductor/compile_fx.py): print it first.
         fx_program = _readable(gm)
         from tilesmith.capture.fxgraph import FX_MODULE_KEY, serialize
 

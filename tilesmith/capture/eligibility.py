@@ -1,6 +1,6 @@
 """Which Inductor graphs Tilesmith optimizes, and a stable diagnostic ``kind`` for each refusal.
 
-Eligible (spec §2): a raw single-GPU CUDA Python wrapper, whatever it embeds (Triton kernels, CUDA
+Eligible: a raw single-GPU CUDA Python wrapper, whatever it embeds (Triton kernels, CUDA
 templates, extern calls). Refused, each with the kind below and a message naming the graph and the remedy:
 
 ==================  ==========================================================================
@@ -19,7 +19,9 @@ no_cuda_device      a CPU-only graph (eligible only in test mode, ``TILESMITH_AL
 unsupported_device  any other device type (xpu, mps, …)
 ==================  ==========================================================================
 
-Detection follows research/inductor.md §3 (all fields read with ``getattr`` defaults).
+Detection reads ``CompiledFxGraph``'s fields (``torch/_inductor/output_code.py``, torch 2.11: ``device_types``,
+``device_idxs``, ``mutated_input_idxs``, ``guards_expr``, ``cudagraph_info``, ...) and the ``inner_compile``
+keyword arguments, all with ``getattr`` defaults.
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ def with_real_inputs(graph: CapturedGraph, args: Any, kwargs: dict[str, Any]) ->
 def static_inputs(kwargs: dict[str, Any], inputs: tuple[InputSpec, ...] | list[Any]) -> tuple[int, ...]:
     """The ``static_input_idxs`` Inductor passed to ``inner_compile`` for a forward or inference graph.
 
-    ``kwargs`` are the ``inner_compile`` keyword arguments (research/inductor.md §1.1; on torch 2.11
+    ``kwargs`` are the ``inner_compile`` keyword arguments (on torch 2.11
     ``compile_fx_forward`` and the inference path pass the parameter/buffer indices from
     ``fw_metadata.static_input_indices``, ``torch/_inductor/compile_fx.py:get_static_input_idxs``);
     ``inputs`` the graph's input specs (or example values), used to keep only indices of tensor inputs.
@@ -112,7 +112,7 @@ def _is_tensor(value: Any) -> bool:
 
 
 def graph_kind(kwargs: dict[str, Any]) -> GraphKind:
-    """``inference``/``forward``/``backward`` from the ``inner_compile`` kwargs (research/inductor.md §1.2)."""
+    """``inference``/``forward``/``backward`` from the ``inner_compile`` kwargs (``is_backward``, ``is_inference``: ``torch/_inductor/compile_fx.py``)."""
     if kwargs.get("is_backward"):
         return "backward"
     if kwargs.get("is_inference"):

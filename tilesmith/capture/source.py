@@ -70,7 +70,7 @@ def graph_name(source: str) -> str | None:
 
 
 def with_fx_header(fx_program: str, wrapper: str) -> str:
-    """Attempt text: the FX program as ``#`` comments, then the wrapper (spec §3)."""
+    """Attempt text: the FX program as ``#`` comments, then the wrapper (docs/layout.md)."""
     lines = [FX_HEADER]
     lines.extend(f"# {line}".rstrip() for line in fx_program.rstrip("\n").splitlines())
     lines.append(FX_FOOTER)

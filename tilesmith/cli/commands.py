@@ -48,7 +48,8 @@ def cmd_show(root: Path, target: str, out: TextIO, *, as_json: bool = False) -> 
     tracks = [track] if track is not None else list(run.tracks)
     if as_json:
         doc = {"run": {**run.doc, "path": str(run.path), "problems": list(run.problems)},
-               "tracks": [{**t.doc, "path": str(t.path), "cache": t.cache, "problems": list(t.problems)}
+               "tracks": [{**t.doc, "path": str(t.path), "cache": t.cache, "problems": list(t.problems),
+                           "diagnostics": run.diagnostics_of(t), "gate_reports": [str(p) for p in t.gate_reports]}
                           for t in tracks]}
         json.dump(doc, out, indent=2, default=str)
         out.write("\n")
@@ -58,7 +59,7 @@ def cmd_show(root: Path, target: str, out: TextIO, *, as_json: bool = False) -> 
         out.write("\nno eligible graph was optimized in this run (see the diagnostics above)\n")
     for t in tracks:
         out.write("\n")
-        _write_track(t, out, detailed=track is not None)
+        _write_track(t, out, detailed=track is not None, diagnostics=run.diagnostics_of(t))
     return 0
 
 
@@ -91,7 +92,7 @@ def _diag_line(x: dict[str, Any]) -> str:
     return fmt.wrap(f"[{x.get('kind', '?')}]{where} {x.get('message', '')}", indent="  ")
 
 
-def _write_track(t: TrackData, out: TextIO, *, detailed: bool) -> None:
+def _write_track(t: TrackData, out: TextIO, *, detailed: bool, diagnostics: list[dict[str, Any]]) -> None:
     d = t.doc
     out.write(f"graph {t.label}  {d.get('kind', '?')}  {t.status}\n")
     out.write(f"  key {t.key}\n" if detailed else "")
@@ -131,7 +132,15 @@ def _write_track(t: TrackData, out: TextIO, *, detailed: bool) -> None:
                 out.write(f"    {e.id}: … {len(e.reasons) - len(shown)} more (tilesmith show {t.key[:12]})\n")
             if detailed and e.report is not None:
                 out.write(f"    {e.id}: report {e.report}\n")
-    for x in t.diagnostics:
+    named = {e.report for e in evals if e.report is not None}
+    others = [p for p in t.gate_reports if p not in named]
+    if others and detailed:
+        out.write("  other gate reports (e.g. an artifact-cache re-check):\n")
+        for p in others:
+            out.write(f"    {p}\n")
+    elif others:
+        out.write(f"  {len(others)} other gate report(s) in {t.path / 'profiles'} (tilesmith show {t.key[:12]})\n")
+    for x in diagnostics:
         out.write(_diag_line(x) + "\n")
 
 

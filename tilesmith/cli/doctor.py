@@ -210,7 +210,7 @@ def _llm_checks(checks: list[Check], model: str | None, *, start_proxy: bool, ti
     avail, why = llm_adapter.availability(model)
     if avail is None:
         checks.append(Check("llm agent", "warn", f"could not ask the LLM runtime ({why}); the checks above are "
-                            "file-system only", "reinstall tilesmith-ai with its dependencies"))
+                            "file-system only", "reinstall Tilesmith from its checkout with its dependencies (pip install <checkout>)"))
         usable = bool(exe) and (bool(accounts) or bool(names) or bool(config))
         if not usable:
             checks.append(Check("llm agent", "error", "the LLM agent lacks an executable or credentials",

@@ -116,13 +116,13 @@ def _report(root: Path, target: str, output: Path | None, out: TextIO) -> int:
     try:
         from tilesmith.cli.report import write_report
     except ImportError as exc:  # pragma: no cover - matplotlib is a dev/report extra
-        out.write(f"tilesmith report: {exc}; install the report extra: pip install 'tilesmith-ai[report]'\n")
+        out.write(f"tilesmith report: {exc}; install matplotlib (the report extra: pip install '<checkout>[report]')\n")
         return 1
     target_path = output or run.path / "report.html"
     try:
         write_report(run, target_path)
     except ImportError as exc:
-        out.write(f"tilesmith report: {exc}; install the report extra: pip install 'tilesmith-ai[report]'\n")
+        out.write(f"tilesmith report: {exc}; install matplotlib (the report extra: pip install '<checkout>[report]')\n")
         return 1
     except OSError as exc:
         out.write(f"tilesmith report: cannot write {target_path}: {exc}. Remedy: pass -o with a writable path.\n")

@@ -3,7 +3,8 @@
 Contents: run metadata and diagnostics; a table of graphs (status, Inductor and Tilesmith ms, speedup with
 its 95 % interval, roofline floor and distance to it); plots — speedup per graph, distance to the roofline
 floor, and per track the raw paired timing samples of every evaluation (baseline vs candidate, first
-measurement and confirmation); every evaluation's verdict and reasons.
+measurement and confirmation); every evaluation's verdict and reasons; per graph, every diagnostic about it
+(of any kind, from ``track.json`` and ``run.json``) and a link to each of its gate reports on disk.
 
 Plots are matplotlib SVG embedded as ``data:`` URIs, styles are inline, and nothing is fetched from the
 network, so the file can be mailed or attached to an issue as is. A tiny inline script records on
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import html
+import os
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -109,8 +111,29 @@ def _diagnostics(items: list[dict]) -> str:
     return f"<ul class=diag>{''.join(lis)}</ul>"
 
 
-def render(run: RunData) -> str:
-    """The report's HTML text for ``run``."""
+def _report_links(t: TrackData, base: Path | None) -> str:
+    """Links to every gate report of ``t`` (``profiles/*.json`` and the readable ``.txt`` beside it), relative
+    to ``base`` (the report's folder) when given."""
+    reports = t.gate_reports
+    if not reports:
+        return ""
+
+    def href(p: Path) -> str:
+        if base is None:
+            return p.resolve().as_uri()
+        return os.path.relpath(p.resolve(), base).replace(os.sep, "/")
+
+    items = []
+    for p in reports:
+        txt = p.with_suffix(".txt")
+        extra = f' (<a href="{_e(href(txt))}">text</a>)' if txt.is_file() else ""
+        items.append(f'<li><a class=gate-report href="{_e(href(p))}"><code>{_e(p.name)}</code></a>{extra}</li>')
+    return f"<p>Gate reports of this graph:</p><ul class=reports>{''.join(items)}</ul>"
+
+
+def render(run: RunData, base: Path | None = None) -> str:
+    """The report's HTML text for ``run``; links to files are relative to ``base`` (the report's folder)
+    when given, else absolute ``file:`` URIs."""
     from tilesmith.cli import plots
 
     d = run.doc
@@ -171,8 +194,10 @@ def render(run: RunData) -> str:
         broken = [e for e in evals if e.report_problem]
         for e in broken:
             parts.append(f'<p class="bad">{_e(e.id)}: report unreadable ({_e(e.report_problem)})</p>')
-        if t.diagnostics:
-            parts.append(_diagnostics(t.diagnostics))
+        parts.append(_report_links(t, base))
+        graph_diagnostics = run.diagnostics_of(t)
+        if graph_diagnostics:
+            parts.append(_diagnostics(graph_diagnostics))
     parts.append("<h2>Run diagnostics</h2>")
     parts.append('<p class="muted">Graphs left on Inductor before a track was created, and run-level notes '
                  '(diagnostics of the graphs above are listed with them).</p>')
@@ -188,13 +213,13 @@ def write_report(run: RunData, output: Path) -> Path:
     """Render ``run`` and write it to ``output`` (atomically); return the path.
 
     Raises:
-        ImportError: matplotlib is missing (``pip install 'tilesmith-ai[report]'``).
+        ImportError: matplotlib is missing (the report extra: ``pip install '<checkout>[report]'``).
         OSError: ``output`` cannot be written.
     """
     from tilesmith.cache._atomic import write_text_atomic
 
-    text = render(run)
     output = Path(output)
+    text = render(run, base=output.resolve().parent)
     output.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(output, text)
     return output

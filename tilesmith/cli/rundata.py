@@ -122,7 +122,17 @@ class TrackData:
 
     @property
     def diagnostics(self) -> list[dict[str, Any]]:
+        """``track.json``'s diagnostics only; :meth:`RunData.diagnostics_of` adds the run's about this graph."""
         return [d for d in self.doc.get("diagnostics") or [] if isinstance(d, dict)]
+
+    @property
+    def gate_reports(self) -> list[Path]:
+        """Every gate report on disk for this graph (``profiles/*.json``, by name), whether or not an entry of
+        ``track.json``'s evaluations names it (an artifact-cache re-check's report, say)."""
+        try:
+            return sorted(p for p in (self.path / "profiles").glob("*.json") if p.is_file())
+        except OSError:
+            return []
 
     def evaluations(self, *, with_timings: bool = False) -> list[Evaluation]:
         out = []
@@ -178,6 +188,16 @@ class RunData:
     @property
     def diagnostics(self) -> list[dict[str, Any]]:
         return [d for d in self.doc.get("diagnostics") or [] if isinstance(d, dict)]
+
+    def diagnostics_of(self, track: TrackData) -> list[dict[str, Any]]:
+        """Every diagnostic about ``track``'s graph, of any kind: ``track.json``'s, then those of ``run.json``
+        that name its key and are not already among them (e.g. ``cache_recheck_failed``, ``cache_hit``,
+        ``duplicate_graph``, which the pipeline records on the run only)."""
+        own = track.diagnostics
+        seen = {(d.get("kind"), d.get("message")) for d in own}
+        extra = [d for d in self.diagnostics if d.get("graph_key") == track.key
+                 and (d.get("kind"), d.get("message")) not in seen]
+        return own + extra
 
     @property
     def untracked_diagnostics(self) -> list[dict[str, Any]]:

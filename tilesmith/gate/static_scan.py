@@ -1,6 +1,6 @@
 """Static scan of a candidate wrapper for clear cheats, before any of its code runs.
 
-A scanner is a pattern chase (GPU MODE's red-team conclusion, anchors.md §2); the structural defences
+A scanner is a pattern chase (GPU MODE's red-team conclusion, https://github.com/gpu-mode/reference-kernels/issues/162); the structural defences
 are the isolated worker, the host-side comparison and statistics, and the runtime identity/state
 checks. The scan exists to reject the obvious cases early with a message an agent can act on, and it is
 tuned to accept every wrapper Inductor generates (tests run it over the H200 fixtures and CPU wrappers).
@@ -30,7 +30,7 @@ class Finding:
 
 
 # Rationale: threads, processes, signals and async loops let work continue after `call` returns, outside
-# every timing sample and after the outputs were checked (DeepReinforce thread injection, anchors.md §2).
+# every timing sample and after the outputs were checked (thread injection: https://deep-reinforce.com/defense_kernel_hack.html).
 _CONCURRENCY_MODULES = {"threading", "_thread", "multiprocessing", "concurrent", "subprocess", "asyncio",
                         "signal", "sched", "torch.multiprocessing", "queue"}
 # Rationale: raw memory access (ctypes beyond its scalar types, cffi, mmap) bypasses every runtime check:
@@ -173,8 +173,8 @@ _MODULE_ALIASES_DEFAULT = {"torch", "triton", "tl", "time", "math", "os", "rando
                            "inductor_ops", "extern_kernels", "async_compile", "triton_helpers", "triton_heuristics",
                            "libdevice", "tl_math", "np", "numpy", "cmath", "_quantized"}
 # Rationale: a broad handler can hide a failing fast path and silently switch to another implementation
-# whose speed and results were never measured on the path that actually ran (Kevin-32B / Makora
-# "fallback to reference", anchors.md §2). A wrapper's failures must surface.
+# whose speed and results were never measured on the path that actually ran ("fallback to reference":
+# https://cognition.ai/blog/kevin-32b, https://makora.com/blog/reward-hacks). A wrapper's failures must surface.
 _BROAD_EXCEPTIONS = {"Exception", "BaseException", "RuntimeError", "AssertionError", "torch.OutOfMemoryError"}
 # Rationale: native code in strings: threads/processes/files/sockets/dynamic loading have no place in a
 # kernel (OpenMP pragmas, which Inductor's CPU kernels use, are allowed).

@@ -9,22 +9,28 @@ Rule (applied to the first measurement and, separately, to the fresh confirmatio
 percentile-bootstrap resamples of the pairs (Criterion.rs uses the same construction with 100 000
 resamples; 2 000 give the 2.5 % quantile to about ±0.1 % of the interval width here). The median of
 per-pair ratios, not a ratio of medians, because pairing cancels drift common to both arms of a round
-(anchors.md §5: Google Benchmark random interleaving, Kalibera & Jones).
+(Google Benchmark's random interleaving, https://google.github.io/benchmark/random_interleaving.html;
+Kalibera & Jones, "Rigorous benchmarking in reasonable time", ISMM 2013, https://kar.kent.ac.uk/33611/).
 
-Why this is safe (anchors.md §5): with n = 30 pairs and a per-pair ratio spread σ, the median's
+Why this is safe: with n = 30 pairs and a per-pair ratio spread σ, the median's
 standard error is about 1.25·σ/√30 = 0.23·σ. An identical candidate (A/A) passes one phase only when
 its median exceeds 1 + θ: for σ = 1 % and θ = 2 % that is 8.7 standard errors; even at σ = 5 % it is
 1.7 (≈ 4.5 %), and the independent confirmation squares that (≈ 0.2 %), while the CI condition removes
 most of the remainder. A true 5 % gain sits (5 − 2)/(0.23·σ) standard errors above the bar: ≥ 99.9 %
 per phase for σ ≤ 3 %. ``bench/gate_calibration.py`` measures both rates on the H200.
+
+Computed with torch on the CPU in float64 (numpy is not a runtime dependency): the median of an even count is
+the mean of the two middle values and the percentiles interpolate linearly (``torch.quantile``'s default,
+the same as numpy's ``median``/``percentile``).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
-import numpy as np
+import torch
 
 BOOTSTRAP_RESAMPLES = 2000
 
@@ -44,19 +50,22 @@ def paired_speedup(baseline_ms: list[float] | tuple[float, ...], candidate_ms: l
     Raises:
         ValueError: the lists differ in length, are empty, or hold a non-positive or non-finite time.
     """
-    b = np.asarray(baseline_ms, dtype=np.float64)
-    c = np.asarray(candidate_ms, dtype=np.float64)
-    if b.shape != c.shape or b.size == 0:
-        raise ValueError(f"need equally many baseline and candidate samples (got {b.size} and {c.size})")
-    if not (np.all(np.isfinite(b)) and np.all(np.isfinite(c)) and np.all(b > 0) and np.all(c > 0)):
+    b = _as_float64(baseline_ms)
+    c = _as_float64(candidate_ms)
+    if b.shape != c.shape or b.numel() == 0:
+        raise ValueError(f"need equally many baseline and candidate samples (got {b.numel()} and {c.numel()})")
+    if not (bool(torch.isfinite(b).all()) and bool(torch.isfinite(c).all()) and bool((b > 0).all())
+            and bool((c > 0).all())):
         raise ValueError("timing samples must be finite and positive")
     ratios = b / c
-    speedup = float(np.median(ratios))
-    rng = np.random.default_rng(seed)
-    picks = rng.integers(0, ratios.size, size=(BOOTSTRAP_RESAMPLES, ratios.size))
-    medians = np.median(ratios[picks], axis=1)
-    low, high = np.percentile(medians, [2.5, 97.5])
-    return PairedStats(speedup, float(low), float(high), int(ratios.size))
+    speedup = float(torch.quantile(ratios, 0.5))
+    generator = torch.Generator().manual_seed(int(seed))
+    picks = torch.randint(0, ratios.numel(), (BOOTSTRAP_RESAMPLES, ratios.numel()), generator=generator)
+    resampled = ratios[picks].sort(dim=1).values
+    n = ratios.numel()
+    medians = 0.5 * (resampled[:, (n - 1) // 2] + resampled[:, n // 2])  # numpy's median, also for even n
+    low, high = torch.quantile(medians, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
+    return PairedStats(speedup, float(low), float(high), int(ratios.numel()))
 
 
 def passes(stats: PairedStats, min_improvement: float) -> bool:
@@ -72,4 +81,10 @@ def classify(stats: PairedStats, min_improvement: float) -> str:
 
 
 def median(values: list[float] | tuple[float, ...]) -> float:
-    return float(np.median(np.asarray(values, dtype=np.float64))) if len(values) else math.nan
+    """The median (mean of the two middle values for an even count); NaN for no values."""
+    return float(torch.quantile(_as_float64(values), 0.5)) if len(values) else math.nan
+
+
+def _as_float64(values: Any) -> torch.Tensor:
+    """A 1-D float64 CPU tensor of ``values`` (a list, tuple, or anything ``float()`` accepts per item)."""
+    return torch.tensor([float(v) for v in values], dtype=torch.float64)

@@ -257,9 +257,9 @@ def poison_allocator(device: torch.device, sizes: list[int], byte: int) -> None:
 
 def rng_digest(device: torch.device) -> str:
     """SHA-256 prefix of the CPU (and CUDA) generator states."""
-    h = hashlib.sha256(torch.get_rng_state().numpy().tobytes())
+    h = hashlib.sha256(bytes(torch.get_rng_state().tolist()))  # uint8 states; no numpy (not a dependency)
     if device.type == "cuda":
-        h.update(torch.cuda.get_rng_state(device).numpy().tobytes())
+        h.update(bytes(torch.cuda.get_rng_state(device).tolist()))
     return h.hexdigest()[:16]
 
 

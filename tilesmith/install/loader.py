@@ -1,6 +1,6 @@
 """Load an accepted wrapper the way Inductor loads its own, and swap it in.
 
-Loading follows ``GraphLowering._compile_to_module_lines`` on torch 2.11 (research/inductor.md §2):
+Loading follows ``GraphLowering._compile_to_module_lines`` (``torch/_inductor/graph.py``, torch 2.11):
 ``PyCodeCache.write(source)`` then ``PyCodeCache.load_by_key_path(key, path, linemap, attrs)`` with the
 graph's constants as module attributes. ``attrs`` is always passed (even ``{}``), which forces a fresh
 ``exec`` instead of PyCodeCache's memoised module, so two graphs with identical text never share a

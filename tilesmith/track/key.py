@@ -1,4 +1,4 @@
-"""The 64-hex cache key of one generated graph and its optimization environment (spec §3).
+"""The 64-hex cache key of one generated graph and its optimization environment (docs/cache.md).
 
 The key is the SHA-256 of a canonical JSON document holding everything that changes the answer:
 
@@ -39,7 +39,7 @@ def cache_key(canonical_source: str, environment: dict[str, Any]) -> str:
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
-def key_environment(*, versions: dict[str, str], device: str, agent_model: str, agency: str, loops: int,
+def key_environment(*, versions: dict[str, str], device: str, agent_model: str | None, agency: str, loops: int,
                     min_improvement: float) -> dict[str, Any]:
     """The environment part of the key. ``versions`` is :func:`tilesmith._compat.versions`'s result."""
     device_name = versions.get("gpu", "none") if device.startswith("cuda") else "cpu"

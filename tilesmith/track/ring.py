@@ -1,4 +1,4 @@
-"""The attempt ring: ``attempts/attempt_00.py … attempt_04.py`` (spec §3).
+"""The attempt ring: ``attempts/attempt_00.py … attempt_04.py`` (docs/layout.md).
 
 ``attempt_00.py`` starts as the canonical Inductor wrapper (with the FX program as comments). Each new
 turn writes the next slot with a copy of the most recently evaluated source; once all five slots exist,

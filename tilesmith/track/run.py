@@ -1,7 +1,9 @@
 """Run folders and tracks on disk (docs/layout.md).
 
-A :class:`RunFolder` is one ``tilesmith.compile()`` call: ``<root>/runs/<run-id>/run.json``. A
-:class:`Track` is one eligible graph inside it: ``<run-id>/<cache-key>/`` with ``track.json``,
+A :class:`RunFolder` is one ``tilesmith.compile()`` call: ``<root>/runs/<run-id>/run.json``, written only
+once the run tracks a graph (:meth:`RunFolder.open`): a compile whose graphs all stay on Inductor (not
+eligible, no optimizer configured) leaves nothing on disk, and its diagnostics stay in memory
+(``tilesmith.diagnostics``). A :class:`Track` is one eligible graph inside it: ``<run-id>/<cache-key>/`` with ``track.json``,
 ``program.fx.txt``, ``attempts/`` and ``profiles/``. Every JSON file is rewritten atomically (temp file +
 ``os.replace``), so readers (the CLI) never see a torn file.
 
@@ -45,7 +47,10 @@ def write_json_atomic(path: Path, document: dict[str, Any]) -> None:
 
 
 class RunFolder:
-    """``<root>/runs/<run-id>/`` and its ``run.json`` (written lazily, at the first track or diagnostic)."""
+    """``<root>/runs/<run-id>/`` and its ``run.json``, written from the first track on (:meth:`open`).
+
+    Diagnostics added before that are kept and written with the first ``run.json``.
+    """
 
     def __init__(self, root: Path, run_id: str, metadata: dict[str, Any]):
         self.root = Path(root)
@@ -54,15 +59,26 @@ class RunFolder:
         self.metadata = dict(metadata)
         self.diagnostics: list[Diagnostic] = []
         self.writable = True
+        self.opened = False
+        """True once a graph is tracked: only then does the folder exist on disk."""
         self._lock = threading.Lock()
 
-    def add_diagnostic(self, diagnostic: Diagnostic) -> Diagnostic | None:
-        """Record a run-level diagnostic and rewrite ``run.json``; returns a disk diagnostic on failure."""
-        with self._lock:
-            self.diagnostics.append(diagnostic)
+    def open(self) -> Diagnostic | None:
+        """Start writing the run folder (called when the run tracks its first graph); idempotent.
+
+        Returns a ``disk_unwritable`` diagnostic when ``run.json`` cannot be written."""
+        self.opened = True
         return self.save()
 
+    def add_diagnostic(self, diagnostic: Diagnostic) -> Diagnostic | None:
+        """Record a run-level diagnostic and, once the folder is open, rewrite ``run.json``; returns a disk
+        diagnostic on failure."""
+        with self._lock:
+            self.diagnostics.append(diagnostic)
+        return self.save() if self.opened else None
+
     def save(self) -> Diagnostic | None:
+        """Write ``run.json`` now (:meth:`open` does this for a live run); a disk diagnostic on failure."""
         if not self.writable:
             return None
         document = {"format": FORMAT, "run_id": self.run_id, **self.metadata,

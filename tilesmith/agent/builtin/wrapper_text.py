@@ -1,7 +1,7 @@
 """Reading Inductor wrapper text: the entry point, its inputs and outputs, and the embedded Triton kernels.
 
 Pure text/AST functions (no torch import), shared by the generators. The layout they expect is the torch
-2.11 Python wrapper (``/work/shared/research/inductor.md`` §2): module-level ``name =
+2.11 Python wrapper (``torch/_inductor/codegen/wrapper.py``): module-level ``name =
 async_compile.triton('name', '''<kernel source>''', device_str='cuda')`` definitions, ``class Runner``
 whose ``call(self, args)`` holds the body (or, on 2.6-era modules, a top-level ``def call(args)``), then
 ``call = runner.call``. Anything else makes :func:`parse_entry` raise :class:`WrapperShapeError`, which

@@ -6,7 +6,7 @@ environment, looks for files and parses the user's YAML, and answers an :class:`
 ``message`` names the missing piece and how to supply it. It never starts a process (Homebrew's prefix
 is found from ``HOMEBREW_PREFIX`` and the standard prefixes, not by running ``brew --prefix``).
 
-Detection rules (spec §4):
+Detection rules (docs/agent.md, "Finding the pieces"):
 
 * executable: ``TILESMITH_CLIPROXYAPI_EXECUTABLE``, else ``cliproxyapi`` then ``cli-proxy-api`` on ``PATH``;
 * auth dir (OAuth account files): ``TILESMITH_CLIPROXYAPI_AUTH_DIR``, else ``~/.cli-proxy-api``;
@@ -73,7 +73,7 @@ class Availability:
 
 
 def resolve_model(agent_model: str | None, environ: dict[str, str] | None = None) -> str | None:
-    """``agent_model`` when given (non-empty), else ``TILESMITH_MODEL``, else ``None`` (spec §1)."""
+    """``agent_model`` when given (non-empty), else ``TILESMITH_MODEL``, else ``None``."""
     if agent_model is not None and str(agent_model).strip():
         return str(agent_model).strip()
     value = settings.get("TILESMITH_MODEL", environ)

@@ -6,7 +6,7 @@ coalescing) and launch parameters may change. :func:`launch_sequence` reads that
 wrapper's ``call`` function and :func:`check_agency` compares it with the original's.
 
 What counts as a launch (the forms Inductor 2.11 writes into CUDA Python wrappers, see the fixtures
-under ``tests/fixtures/inductor/``): ``<kernel>.run(...)`` for module-level kernels (Triton and
+under ``tests/fixtures/inductor-h200/``): ``<kernel>.run(...)`` for module-level kernels (Triton and
 templates), ``extern_kernels.<fn>(...)``, ``torch.ops.<ns>.<op>...(...)`` and ``aten.<op>(...)``, in
 source order (loop bodies once). Launch arguments are not compared: grids and buffers may change.
 

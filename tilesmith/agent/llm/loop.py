@@ -4,7 +4,7 @@ Graph: ``START → turn → (again → turn | done → END)``. One ``turn`` node
 sandboxed shell, when offered, lives for all its turns):
 
 1. stop first if :meth:`Session.stop_reason` is set (loops done, ``TILESMITH_MAX_TURNS``,
-   ``TILESMITH_TURN_TIMEOUT_S``) or the run's model-call budget is spent;
+   ``TILESMITH_GRAPH_TIMEOUT_S``) or the run's model-call budget is spent;
 2. :meth:`Session.new_turn` copies the most recently evaluated source into a new ring slot;
 3. a fresh deep agent (:func:`build_agent`) gets a message with the turn status, recent verdicts and
    the attempt's source, and works until its final answer — which ends only the turn;

@@ -1,7 +1,7 @@
 """Prompts of the LLM agent: the system prompt per agency level and the message that opens each turn.
 
 The rules the prompts state are the ones the host enforces: the callable ABI and the gate's checks
-(spec §5) for every level, and for ``low`` the launch-sequence rule of :mod:`.launches`. A rule in a
+(docs/gate.md) for every level, and for ``low`` the launch-sequence rule of :mod:`.launches`. A rule in a
 prompt is advice to the model; the host's checks are what decide.
 """
 

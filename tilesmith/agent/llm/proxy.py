@@ -1,7 +1,7 @@
 """The private CLIProxyAPI process of one ``tilesmith.compile()`` run.
 
 Lifecycle (facts about the binary from CLIProxyAPI v7.2.140 ``cmd/server/main.go``,
-``internal/cmd/run.go``, ``internal/api/server_keepalive.go``; see /work/shared/research/cliproxyapi.md §5):
+``internal/cmd/run.go``, ``internal/api/server_keepalive.go`` in https://github.com/router-for-me/CLIProxyAPI):
 
 * **Private directory**: ``tempfile.mkdtemp`` (mode 0700) holds ``owner`` (our pid), ``config.yaml``
   and ``proxy.log`` (0600), ``logs/`` (the proxy writes its ``error-*.log`` files into ``./logs`` when

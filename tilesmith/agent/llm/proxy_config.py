@@ -1,7 +1,7 @@
 """The private per-run CLIProxyAPI config: the user's provider and routing settings plus exported keys.
 
 Source of the field names: CLIProxyAPI v7.2.140 ``internal/config/config.go`` and
-``config.example.yaml`` (see /work/shared/research/cliproxyapi.md §3), checked against the binary by
+``config.example.yaml`` (https://github.com/router-for-me/CLIProxyAPI), checked against the binary by
 ``tests/test_proxy_real.py``.
 
 What is kept from the user's YAML: everything except the keys in :data:`SERVER_KEYS`, which Tilesmith
