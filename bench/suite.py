@@ -305,7 +305,7 @@ def _print_case(case: dict[str, Any]) -> None:
             cells.append(f"{arm}={ms:.4f}ms" if ms else f"{arm}=–")
     vs = (case.get("comparison") or {}).get("tilesmith_vs_best") or {}
     best = (case.get("comparison") or {}).get("best_mode")
-    tail = f" tilesmith/best({best})={vs['ratio']:.3f}×" if vs.get("ratio") else ""
+    tail = f" tilesmith over best ({best})={vs['ratio']:.3f}×" if vs.get("ratio") else ""
     print(f"{case['case']}: {case.get('status')} {case.get('process_s', 0):.0f} s " + " ".join(cells) + tail,
           flush=True)
 

@@ -23,6 +23,8 @@ URL = re.compile(r"(?:https?://|file://|(?<![\w/.-])(?:www\.)?(?:github\.com|[\w
 MD_NAME = re.compile(r"(?<![\w./-])((?:\.{1,2}/)?[\w.-]+(?:/[\w.-]+)*\.md)\b")
 REPO_PATH = re.compile(r"(?<![\w./<{*-])((?:%s)/[\w./-]*[\w/])" % "|".join(TOP))
 NOT_PATHS = {"tilesmith/builtin"}  # the built-in agent's model name
+#: File names that are conventions, not files of this repository: a skill folder's SKILL.md (docs/agent.md).
+NOT_FILES = {"SKILL.md"}
 MD_LINK = re.compile(r"\]\(([^)\s]+)\)")
 # Built from parts so that this file does not match its own patterns.
 FORBIDDEN = {
@@ -63,6 +65,8 @@ def _problems(path: Path, names: set[str], text: str | None = None) -> list[str]
         bare = URL.sub(" ", line)
         for m in MD_NAME.finditer(bare):
             ref = m.group(1)
+            if ref in NOT_FILES or (rel.parts[0] == "tests" and path.suffix == ".py" and "/" not in ref):
+                continue  # a convention, or a file a test makes in its temporary folder
             if "/" in ref:
                 ok = (REPO / ref).exists() or (path.parent / ref).exists() or ref.split("/")[0] not in TOP + (".", "..")
                 ok = ok and not (ref.split("/")[0] in (".", "..") and not (path.parent / ref).exists())

@@ -3,8 +3,8 @@
 The built-in agent's configuration generator (:mod:`tilesmith.agent.builtin.configs`) compiles the *same*
 graph again under other Inductor configurations (max-autotune, coordinate descent, reduction variants, the C++
 wrapper) in its search worker, never in the user's process. That needs the graph as ``inner_compile`` received
-it — before Inductor's post-grad passes, which rewrite the ``GraphModule`` in place (research/inductor.md §1.1
-in the project's shared notes) — together with the fake example inputs and the plain-data ``inner_compile``
+it — before Inductor's post-grad passes, which rewrite the ``GraphModule`` in place (``torch/_inductor/compile_fx.py``:
+``_recursive_post_grad_passes``) — together with the fake example inputs and the plain-data ``inner_compile``
 keyword arguments.
 
 Serialization is :class:`torch.fx._graph_pickler.GraphPickler`, the pickler Inductor itself uses to hand a graph
