@@ -277,10 +277,11 @@ def test_graphs_without_a_serialized_fx_module_say_why_the_configuration_generat
 
 
 # -- end to end on CPU (test mode): capture → serialize → compile in the worker → screen → gate → install --------
-def test_cpu_compile_proposes_a_configuration_variant_through_the_gate(cpu_test_mode, monkeypatch):
+def test_cpu_compile_proposes_a_configuration_variant_through_the_gate(cpu_test_mode, monkeypatch, tmp_path):
     import tilesmith
 
     monkeypatch.setenv("TILESMITH_ARTIFACT_CACHE", "0")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # no AOTAutograd hit from elsewhere
     torch._dynamo.reset()
     model, x = Small().eval(), torch.randn(16, 32)
     factory = BuiltinOptimizerFactory(agency="medium", gate_screened=True, budget_s=900)
@@ -303,3 +304,26 @@ def test_cpu_compile_proposes_a_configuration_variant_through_the_gate(cpu_test_
         assert len(records) == 1 and track["status"] == "installed"
     else:
         assert records == () and track["status"] == "kept_inductor"
+    # A second process-level compile gets the graph from the AOTAutograd cache, without inner_compile: the serialized
+    # graph kept beside that cache still reaches the optimizer.
+    seen: list = []
+
+    class Probe:
+        name = "probe"
+
+        def for_graph(self, session):
+            seen.append(session.graph.fx_module)
+            return self
+
+        def optimize(self, session):
+            return None
+
+        def close(self):
+            return None
+
+    torch._dynamo.reset()
+    again = tilesmith.compile(model, example_inputs=(x,), agent_model=Probe())
+    with torch.no_grad():
+        torch.testing.assert_close(again(x), model(x))
+    torch._dynamo.reset()
+    assert len(seen) == 1 and seen[0] is not None and seen[0].payload

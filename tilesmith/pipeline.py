@@ -64,7 +64,7 @@ def _with_fx_module(graph: CapturedGraph, from_cache: bool) -> CapturedGraph:
 
     from tilesmith.capture import fxgraph
 
-    root = settings.cache_root()
+    root = fxgraph.store_root()
     if graph.fx_module is not None:
         fxgraph.save(graph.fx_module, graph.inductor_key, root)
         return graph

@@ -121,16 +121,26 @@ def load(payload: bytes) -> tuple[Any, list[Any], Any]:
 
 
 
+def store_root() -> Any:
+    """Where :func:`save` keeps serialized graphs: ``<Inductor cache dir>/tilesmith-fxgraphs``, beside the
+    AOTAutograd cache whose hits hide ``inner_compile`` (so the two live and are cleared together)."""
+    from pathlib import Path
+
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return Path(cache_dir()) / "tilesmith-fxgraphs"
+
+
 def _paths(root: Any, inductor_key: str) -> tuple[Any, Any]:
     from pathlib import Path
 
     safe = "".join(c for c in inductor_key if c.isalnum())[:128]
-    folder = Path(root) / "fxgraphs" / safe[:2]
+    folder = Path(root) / safe[:2]
     return folder / f"{safe}.fxpkl", folder / f"{safe}.json"
 
 
 def save(module: FxModule, inductor_key: str | None, root: Any) -> None:
-    """Keep ``module`` under ``<root>/fxgraphs/`` by Inductor's FX graph cache key, for a later process whose
+    """Keep ``module`` under ``root`` (:func:`store_root`) by Inductor's FX graph cache key, for a later process whose
     AOTAutograd cache hands back the same graph without calling ``inner_compile`` (:func:`lookup`).
 
     The payload is written as raw bytes and the kwargs as JSON; the host never unpickles either (only the search
