@@ -1,6 +1,6 @@
 """One rank of tests/test_distributed.py, run by ``torchrun --nproc-per-node 3`` or by that test's own launcher.
 
-Usage: python tests/dist_job.py train|kill OUT_DIR
+Usage: python tests/dist_job.py train|kill OUT_DIR      (TS_DEVICE=cuda: one GPU per rank, NCCL; train only)
 
 ``train``: DDP training of :class:`tests.models.MulSum` (gloo, CPU test mode) through ``tilesmith.compile`` with a
 scripted optimizer that leaves one file per session in ``OUT_DIR/sessions`` and rewrites the forward graph's
@@ -38,18 +38,45 @@ from tilesmith.coord import devices  # noqa: E402
 STEPS = 4
 
 
+CUDA = os.environ.get("TS_DEVICE") == "cuda"
+"""``TS_DEVICE=cuda``: one GPU per rank (``cuda:LOCAL_RANK``), NCCL for the model, a CUDA model and the built-in
+agent's whole-call CUDA-graph rewrite as the scripted edit (tests/gpu/test_distributed_gpu.py)."""
+
+
 def _init() -> None:
+    if CUDA:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    backend = "nccl" if CUDA else "gloo"
     port = os.environ.get("TS_STORE_PORT")
     if port:
         store = dist.TCPStore("127.0.0.1", int(port), is_master=False, timeout=timedelta(seconds=120))
-        dist.init_process_group("gloo", store=store, rank=int(os.environ["RANK"]),
+        dist.init_process_group(backend, store=store, rank=int(os.environ["RANK"]),
                                 world_size=int(os.environ["WORLD_SIZE"]))
     else:
-        dist.init_process_group("gloo")
+        dist.init_process_group(backend)
 
 
 def _edit(text: str) -> str:
+    if CUDA:
+        from tilesmith.agent.builtin.cudagraph import cudagraph_source
+        from tilesmith.capture.source import strip_fx_header
+
+        wrapper = strip_fx_header(text)
+        try:
+            return text.replace(wrapper, cudagraph_source(wrapper))  # the graph's own device (its _DeviceGuard)
+        except Exception:  # noqa: BLE001 - the rewrite does not apply to this graph: propose a no-op
+            return comment("noop")(text)
     return mm_instead_of_loop(text) if has_mulsum_loop(text) else comment("noop")(text)
+
+
+def _model() -> tuple[torch.nn.Module, int]:
+    """The model on this rank's device and its input width."""
+    if not CUDA:
+        return MulSum(), 512
+    layers: list[torch.nn.Module] = []
+    for _ in range(4):
+        layers += [torch.nn.Linear(256, 256), torch.nn.GELU()]
+    return torch.nn.Sequential(*layers).cuda(), 256
 
 
 def _installed(compiled: object) -> dict[str, str]:
@@ -82,10 +109,11 @@ def train(out: Path) -> None:
 
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
-    base = MulSum()
+    base, width = _model()
     eager, mine = DDP(copy.deepcopy(base)), DDP(copy.deepcopy(base))
     gen = torch.Generator().manual_seed(100 + rank)  # every rank its own batches
-    batches = [torch.randn(64, 512, generator=gen) for _ in range(STEPS)]
+    device = next(base.parameters()).device
+    batches = [torch.randn(64, width, generator=gen).to(device) for _ in range(STEPS)]
     factory = ScriptedFactory(edits=[_edit], session_dir=str(out / "sessions"))
     compiled = tilesmith.compile(mine, example_inputs=(batches[0],), agent_model=factory)
 
@@ -104,15 +132,18 @@ def train(out: Path) -> None:
     finished = tilesmith.wait(compiled, timeout_s=420)  # every graph's job-wide decision applied on this rank
     losses += [step(compiled, opt_c, x) for x in batches[1:]]
     eager_losses = [step(eager, opt_e, x) for x in batches]
-    diff = max(float((a - b).abs().max()) for a, b in zip(mine.parameters(), eager.parameters(), strict=True))
+    pairs = list(zip(mine.parameters(), eager.parameters(), base.parameters(), strict=True))
+    diff = max(float((a - b).abs().max()) for a, b, _ in pairs)
+    moved = max(float((a - c).abs().max()) for a, _, c in pairs)
     report = _report(compiled)
     gathered: list[object] = [None] * world
-    dist.all_gather_object(gathered, report["installed"])
+    cpu_group = dist.new_group(backend="gloo") if CUDA else None  # the test's own exchange, off the NCCL group
+    dist.all_gather_object(gathered, report["installed"], group=cpu_group)
     report.update(finished=finished, first_step_s=first_step_s, losses=losses, eager_losses=eager_losses,
                   max_param_diff=diff, gathered_installed=gathered, sessions_here=len(factory.sessions),
-                  moved=float((mine.module.w - base.w).abs().max()))
+                  moved=moved)
     (out / f"rank{rank}.json").write_text(json.dumps(report, indent=1))
-    dist.barrier()
+    dist.barrier(group=cpu_group)
     dist.destroy_process_group()
 
 

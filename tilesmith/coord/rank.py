@@ -309,10 +309,12 @@ class Coordinator:
 
     def _lead(self, entry: _Entry) -> None:
         handle, started = entry.handle, time.monotonic()
-        while handle.state in ("optimizing", "rechecking"):  # a background cache re-check, or the trampoline
+        while handle.state == "rechecking":  # TILESMITH_CACHE_RECHECK=background: its thread decides
             self._sleep(started)
         if entry.held is None:
-            reason = next((d.message for d in reversed(entry.run.diagnostics) if d.graph_key == handle.key
+            with entry.run._lock:
+                seen = list(entry.run.diagnostics)
+            reason = next((d.message for d in reversed(seen) if d.graph_key == handle.key
                            and not d.kind.startswith("dist_")), "no candidate passed the gate")
             self.board.publish_decision(entry.scope, {"leader": self.rank, "accepted": False, "reason": reason})
             final = self.board.propose_final(entry.scope, Final(False, "dist_kept_inductor", f"the leader (rank "
