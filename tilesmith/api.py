@@ -111,7 +111,9 @@ def benchmarks(model: Any) -> tuple[BenchmarkRecord, ...]:
 def wait(model: Any, timeout_s: float | None = None) -> bool:
     """Wait until background artifact-cache re-checks of ``model``'s graphs have finished (installed or not).
 
-    Only ``TILESMITH_CACHE_RECHECK=background`` starts such re-checks; otherwise there is nothing to wait for.
+    Only ``TILESMITH_CACHE_RECHECK=background`` starts such re-checks; under ``torch.distributed`` this also
+    waits until the job's decision on each of this rank's graphs is applied here (docs/distributed.md; a local
+    wait, no collective); otherwise there is nothing to wait for.
     ``timeout_s`` is in seconds (``None``: no limit). Returns True when none is still running, False on
     timeout; never raises for objects Tilesmith did not compile (True).
     """

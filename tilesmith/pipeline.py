@@ -245,7 +245,7 @@ class LiveRun:
             reuse_in_run(self, first, handle)
             return
         if coordinator is not None and coordinator.take(self, handle, inputs):
-            return  # another rank optimizes this graph for the job; this call stays on Inductor
+            return  # this call stays on Inductor; the job's decision arrives in a background thread
         track = Track(self.folder, handle.graph, handle.key, self.options.loops)
         self.folder.save()
         track.create()
