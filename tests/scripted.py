@@ -22,9 +22,19 @@ class ScriptedFactory:
     sessions: list[Any] = field(default_factory=list)
     verdicts: list[Any] = field(default_factory=list)
     closed: bool = False
+    session_dir: str | None = None
+    """When set, every session also leaves a file ``<graph key>.<pid>.<n>`` there, so that tests count
+    sessions across processes (torchrun ranks)."""
 
     def for_graph(self, session: Any) -> ScriptedOptimizer:
         self.sessions.append(session)
+        if self.session_dir is not None:
+            import os
+            from pathlib import Path
+
+            folder = Path(self.session_dir)
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"{session.graph_key}.{os.getpid()}.{len(self.sessions)}").write_text(session.graph.name)
         return ScriptedOptimizer(self)
 
     def close(self) -> None:

@@ -116,7 +116,9 @@ def benchmarks(model: Any) -> tuple[BenchmarkRecord, ...]:
     re-check has installed it (``tilesmith.wait(model)`` waits; a ``cache_rechecking`` diagnostic says one is
     running). Times are in milliseconds per call, measured by the host gate's confirmation (paired samples,
     median of ratios); for a cache hit, by the re-check's own measurement on this run's inputs (the artifact's
-    stored numbers are in the track's ``cache.json``).
+    stored numbers are in the track's ``cache.json``). Under ``torch.distributed`` every rank lists the graphs the
+    job installed, with the numbers of the graph's leader, whose global rank is ``measured_by_rank``
+    (docs/distributed.md); a follower's own re-check is in ``extras`` (``recheck_status``, ``recheck_speedup``).
     """
     run = _run_of(model)
     return tuple(run.benchmarks) if run is not None else ()
@@ -125,7 +127,9 @@ def benchmarks(model: Any) -> tuple[BenchmarkRecord, ...]:
 def wait(model: Any, timeout_s: float | None = None) -> bool:
     """Wait until background artifact-cache re-checks of ``model``'s graphs have finished (installed or not).
 
-    Only ``TILESMITH_CACHE_RECHECK=background`` starts such re-checks; otherwise there is nothing to wait for.
+    Only ``TILESMITH_CACHE_RECHECK=background`` starts such re-checks; under ``torch.distributed`` this also
+    waits until the job's decision on each of this rank's graphs is applied here (docs/distributed.md; a local
+    wait, no collective); otherwise there is nothing to wait for.
     ``timeout_s`` is in seconds (``None``: no limit). Returns True when none is still running, False on
     timeout; never raises for objects Tilesmith did not compile (True).
     """

@@ -145,10 +145,14 @@ def install(run: Any, handle: Any, track: Track, candidate: Candidate, verdict: 
         _keep(run, track, "install_failed", f"graph {track.label}: the accepted candidate failed to load in "
               f"the host ({type(exc).__name__}: {exc}); the graph stays on Inductor.")
         return None
-    swap(handle.compiled, fn)
-    handle.state = "installed"
     record = benchmark_record(run, handle, track, verdict, source=source, loops=loops)
     handle.installed_source, handle.record = candidate.source, record
+    hold = getattr(handle, "hold_install", None)
+    if hold is not None:  # torch.distributed leader: installed once every rank agreed (tilesmith/coord)
+        hold(fn, record, candidate.source)
+        return record
+    swap(handle.compiled, fn)
+    handle.state = "installed"
     with run._lock:
         run.benchmarks.append(record)
     track.update(status="cache_hit" if source == "cache" else "installed", benchmark=_record_json(record))

@@ -91,6 +91,9 @@ class GraphHandle:
         self.lock = threading.RLock()
         self.installed_source: str | None = None
         self.record: BenchmarkRecord | None = None
+        self.hold_install: Any = None
+        """Under torch.distributed on the graph's leader: ``install`` hands the accepted wrapper here instead of
+        swapping it in; every rank installs it once the job agreed (:mod:`tilesmith.coord`)."""
 
     @property
     def label(self) -> str:
@@ -117,6 +120,7 @@ class LiveRun:
         self._lock = threading.Lock()
         self.closed = False
         self.background: list[threading.Thread] = []
+        self._coordinator()  # under torch.distributed: join the job's decision board now, not in a model call
 
     # -- background re-checks (TILESMITH_CACHE_RECHECK=background) ------------------------------
     def start_background(self, thread: threading.Thread) -> None:
@@ -236,15 +240,31 @@ class LiveRun:
 
         with self._lock:
             first = self._by_key.setdefault(handle.key, handle)
+        coordinator = self._coordinator()
         if first is not handle:
+            if coordinator is not None and first.state in ("optimizing", "following", "agreeing", "rechecking"):
+                coordinator.twin(self, first, handle)  # gets the job's decision on its twin, on every rank alike
+                return
             reuse_in_run(self, first, handle)
             return
+        if coordinator is not None and coordinator.take(self, handle, inputs):
+            return  # this call stays on Inductor; the job's decision arrives in a background thread
         track = Track(self.folder, handle.graph, handle.key, self.options.loops)
         problem = self.folder.open()  # the run folder exists from its first tracked graph on
         if problem is not None:
             self.record_diagnostic(problem)
         track.create()
-        optimize_graph(self, handle, track, inputs)
+        try:
+            optimize_graph(self, handle, track, inputs)
+        finally:
+            if coordinator is not None:
+                coordinator.led(self, handle, track)
+
+    def _coordinator(self) -> Any:
+        """The process's torch.distributed coordinator (:mod:`tilesmith.coord`), or ``None`` (single process)."""
+        from tilesmith.coord import coordinator
+
+        return coordinator(self)
 
     def optimizer_factory(self) -> Any:
         """The run's optimizer factory, created at the first graph that needs one."""

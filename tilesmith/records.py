@@ -246,6 +246,10 @@ class BenchmarkRecord:
     roofline: RooflineFloor | None = None
     method: str = "cuda_event"
     extras: tuple[tuple[str, str], ...] = field(default=())
+    measured_by_rank: int | None = None
+    """Under ``torch.distributed`` (docs/distributed.md): the global rank whose gate measured these numbers,
+    the graph's leader; on the other ranks the wrapper was re-checked for correctness on their own device and
+    installed with the leader's numbers. ``None`` outside a multi-rank job."""
 
 
 def _median(values: tuple[float, ...]) -> float:

@@ -106,6 +106,20 @@ def _path_list(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(os.pathsep) if part.strip())
 
 
+def _distributed(text: str) -> str:
+    value = text.strip().lower()
+    if value not in {"auto", "off"}:
+        raise ValueError("expected auto or off")
+    return value
+
+
+def _leader_mode(text: str) -> str:
+    value = text.strip().lower()
+    if value not in {"inline", "background"}:
+        raise ValueError("expected inline or background")
+    return value
+
+
 def _recheck(text: str) -> str:
     value = text.strip().lower()
     if value not in {"blocking", "background"}:
@@ -204,6 +218,25 @@ _SETTINGS = (
             "Trusted skill files (Markdown) appended to the LLM agent's system prompt, separated by the "
             "path separator (':'); a folder means its SKILL.md; empty: no skills. Unset: the default list "
             "of docs/agent.md, the files that exist. 8 MiB in all."),
+    Setting("TILESMITH_DISTRIBUTED", "auto", _distributed,
+            "Under torch.distributed with more than one rank: 'auto' optimizes each graph once for the job (its "
+            "leader, the lowest rank with the same versions and GPU model, runs optimizer and gate; every other "
+            "rank re-checks and installs the same wrapper, or all keep Inductor; docs/distributed.md); 'off' lets "
+            "every rank optimize on its own (ranks may then install different wrappers)."),
+    Setting("TILESMITH_DIST_LEADER", "inline", _leader_mode,
+            "Where a graph's leader optimizes under torch.distributed: 'inline' in the graph's first call, as "
+            "in a single process (the other ranks then wait for it in their next collective: keep the process "
+            "group's timeout above the optimization time); 'background' in a thread while the leader, too, "
+            "runs Inductor (reference from a trusted worker; timing shares the GPU with training)."),
+    Setting("TILESMITH_DIST_TIMEOUT_S", "2400", _positive_float,
+            "Seconds a rank waits for another rank's part of a graph's decision (the leader's optimization, "
+            "the other ranks' re-checks) before every rank keeps Inductor for that graph; the default covers "
+            "TILESMITH_TURN_TIMEOUT_S (1800 s) plus compilation and gate time. Waiting happens in a background "
+            "thread: the graph runs on Inductor meanwhile."),
+    Setting("TILESMITH_DIST_LIVENESS_S", "60", _positive_float,
+            "Seconds without a heartbeat (each rank beats once a second through the store) after which a rank "
+            "that has not answered is presumed dead, and every rank keeps Inductor for the graphs it was "
+            "deciding or re-checking (dist_leader_lost / dist_rank_lost diagnostics)."),
     Setting("TILESMITH_GATE_RUN_TIMEOUT_S", "120", _positive_float,
             "Seconds one gate check or timing request may take once the candidate is loaded (extended "
             "automatically for graphs whose original call is slow); past it the worker is killed and the "

@@ -6,6 +6,9 @@ Renaming a folder onto an existing non-empty folder fails (``ENOTEMPTY``/``EEXIS
 writer wins, later writers discard their copy, and a reader sees either no entry or a complete one —
 never a torn file. Removal (prune, replacing a corrupted entry) renames the entry to ``.trash-*`` before
 deleting it, for the same reason. No lock files are used, so a killed process cannot leave a stale lock.
+This holds across nodes on a shared POSIX filesystem (NFS, Lustre, GPFS, BeeGFS, CephFS: the server
+performs the rename); ``put`` refuses object-store mounts (:mod:`tilesmith.cache.fs`) with a
+``cache_unsupported_fs`` diagnostic.
 
 Problems never raise into the caller (a model call): :meth:`ArtifactStore.get` and
 :meth:`ArtifactStore.put` return ``None`` and record a :class:`~tilesmith.records.Diagnostic` that
@@ -15,6 +18,8 @@ Problems never raise into the caller (a model call): :meth:`ArtifactStore.get` a
   ``put`` for that key replaces it.
 * ``cache_unavailable``: the store could not be read or written (read-only or full disk, permissions);
   the run continues without caching.
+* ``cache_unsupported_fs``: ``put`` found the store on a filesystem without an atomic, exclusive folder
+  rename (an object-store mount); nothing is written there.
 
 ``get(key, strict=True)`` raises :class:`CacheProblem` instead, for tools that want an exception.
 """
@@ -36,6 +41,7 @@ from typing import Any
 
 from tilesmith import settings
 from tilesmith.cache._atomic import fsync_dir, write_file_durable, write_json_atomic
+from tilesmith.cache.fs import check as check_fs
 from tilesmith.cache.artifact import (
     MANIFEST,
     Artifact,
@@ -204,6 +210,15 @@ class ArtifactStore:
         entry = self.path(key)
         if not self.enabled:
             return None
+        fs = check_fs(self.root)
+        if not fs.supported:
+            self._problem(
+                "cache_unsupported_fs", key,
+                f"the artifact cache at {self.dir} is on a filesystem the store cannot publish entries on safely "
+                f"({fs.reason}; mounted at {fs.mount_point or '?'}); the accepted wrapper of graph {key[:12]} is "
+                f"installed but not stored. Remedy: set TILESMITH_CACHE_DIR to a local disk or a POSIX shared "
+                f"filesystem (NFS, Lustre, GPFS, BeeGFS, CephFS), see docs/cache.md.")
+            return None
         if not artifact.created_utc:
             artifact = _replace(artifact, created_utc=_utc_now())
         tmp: Path | None = None
@@ -225,6 +240,15 @@ class ArtifactStore:
                 try:
                     os.rename(tmp, entry)
                     break
+                except FileNotFoundError:
+                    # NFS: a retransmitted rename the server already performed answers ENOENT; the entry
+                    # is then ours (or another writer's) and complete.
+                    if not tmp.exists():
+                        winner = self._existing_valid(entry, key)
+                        if winner is not None:
+                            tmp = None
+                            return winner
+                    raise
                 except OSError as exc:
                     if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
                         raise
