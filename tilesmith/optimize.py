@@ -16,6 +16,7 @@ from typing import Any
 
 from tilesmith import settings
 from tilesmith.agent.protocol import StopOptimization
+from tilesmith.install import verify
 from tilesmith.install.loader import entry_point, load_wrapper, swap
 from tilesmith.records import BenchmarkRecord, Candidate, Timing, Verdict
 from tilesmith.session import GraphSession
@@ -136,15 +137,17 @@ def _run_optimizer(run: Any, handle: Any, track: Track, gate: Any, progress: Any
 
 def install(run: Any, handle: Any, track: Track, candidate: Candidate, verdict: Verdict, *, source: str,
             loops: int) -> BenchmarkRecord | None:
-    """Load ``candidate`` in the user's process, swap it in and record its benchmark."""
+    """Load ``candidate`` in the user's process, swap it in (shadow-checked, :mod:`tilesmith.install.verify`)
+    and record its benchmark."""
     try:
+        prep = verify.prepare()  # thread baseline before the candidate's import
         module = load_wrapper(candidate.source, handle.constants)
         fn = entry_point(module, handle.graph.inputs_to_check, handle.graph.mutated_input_idxs)
     except Exception as exc:  # noqa: BLE001
         _keep(run, track, "install_failed", f"graph {track.label}: the accepted candidate failed to load in "
               f"the host ({type(exc).__name__}: {exc}); the graph stays on Inductor.")
         return None
-    swap(handle.compiled, fn)
+    swap(handle.compiled, verify.guard(run, handle, track, fn, module, candidate.source, prep))
     handle.state = "installed"
     record = benchmark_record(run, handle, track, verdict, source=source, loops=loops)
     handle.installed_source, handle.record = candidate.source, record
@@ -170,8 +173,12 @@ def reuse_in_run(run: Any, first: Any, handle: Any) -> None:
         run.diagnose("duplicate_graph", f"{twin}, {why}", handle.key, handle.graph.name)
         return
     try:
+        prep = verify.prepare()
         module = load_wrapper(source, handle.constants)
-        swap(handle.compiled, entry_point(module, handle.graph.inputs_to_check, handle.graph.mutated_input_idxs))
+        fn = entry_point(module, handle.graph.inputs_to_check, handle.graph.mutated_input_idxs)
+        first_verifier = verify.verifier_of(first)
+        swap(handle.compiled, verify.guard(run, handle, getattr(first_verifier, "track", None), fn, module, source,
+                                           prep))
     except Exception as exc:  # noqa: BLE001
         handle.state = "kept_inductor"
         run.diagnose("install_failed", f"{twin}; loading its validated wrapper failed ({type(exc).__name__}: "
