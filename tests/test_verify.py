@@ -342,3 +342,44 @@ def test_backward_bomb_is_caught_and_gradients_stay_right(stand_in_gate, monkeyp
     assert handles["backward"].state == "uninstalled" and handles["forward"].state == "installed"
     diag = _failure(compiled)
     assert diag.graph_key == handles["backward"].key and "call 3 since install" in diag.message
+
+
+# -- the thread census ----------------------------------------------------------------------------------------
+def _idle(stop):
+    stop.wait(10)
+
+
+def test_census_explains_library_threads_and_reports_anonymous_and_wrapper_threads():
+    import _thread
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tilesmith.install.threads import ThreadCensus
+
+    stop = threading.Event()
+    pool = ThreadPoolExecutor(max_workers=1)
+    try:
+        census = ThreadCensus()
+        assert census.available and census.unexplained(()) == []
+        pool.submit(abs, 1).result()
+        threading.Thread(target=_idle, args=(stop,), daemon=True).start()
+        timer = threading.Timer(10, _idle, args=(stop,))  # e.g. the standby gate worker's expiry timer
+        timer.start()
+        timer_stop = timer.cancel
+        assert census.unexplained(()) == [], "an executor's worker, a timer and a thread running this file's code"
+        timer_stop()
+        census = ThreadCensus()
+        threading.Thread(target=time.sleep, args=(3,), daemon=True).start()
+        (line,) = census.unexplained(())
+        assert "runs no code that identifies its owner" in line
+        census = ThreadCensus()
+        _thread.start_new_thread(time.sleep, (3,))
+        time.sleep(0.05)
+        (line,) = census.unexplained(())
+        assert "unknown to Python's threading module" in line and "inherited name" in line
+        census = ThreadCensus()
+        threading.Thread(target=_idle, args=(stop,), daemon=True).start()
+        (line,) = census.unexplained((__file__,))
+        assert "runs code of the installed wrapper" in line
+    finally:
+        stop.set()
+        pool.shutdown()

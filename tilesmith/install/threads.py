@@ -122,7 +122,7 @@ def _why(tid: int, comm: str, thread: threading.Thread | None, frames: dict[int,
     """``None`` when thread ``tid`` is explained, else why it is not."""
     if thread is not None:
         files = _files(frames.get(thread.ident)) if thread.ident is not None else []
-        target = getattr(thread, "_target", None)
+        target = getattr(thread, "_target", None) or getattr(thread, "function", None)  # threading.Timer's
         target_file = getattr(getattr(target, "__code__", None), "co_filename", None)
         if target_file is not None:
             files.append(target_file)

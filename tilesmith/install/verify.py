@@ -123,7 +123,12 @@ def guard(run: Any, handle: Any, track: Any, fn: Any, module: Any, source: str,
 
 def verifier_of(handle: Any) -> Verifier | None:
     """The :class:`Verifier` of ``handle``'s installed callable, if it has one."""
-    return getattr(getattr(handle.compiled, "current_callable", None), "_tilesmith_verifier", None)
+    return verifier_of_callable(getattr(handle.compiled, "current_callable", None))
+
+
+def verifier_of_callable(fn: Any) -> Verifier | None:
+    """The :class:`Verifier` behind a callable :func:`guard` returned (``None`` for any other callable)."""
+    return getattr(fn, "_tilesmith_verifier", None)
 
 
 def _copy(value: Any) -> Any:
@@ -164,6 +169,7 @@ class Verifier:
         self.mutated = tuple(handle.graph.mutated_input_idxs)
         self.device = torch.device(handle.graph.device)
         self.tf32 = _tf32_in_effect(self.device, source)
+        self.module = module
         file = getattr(module, "__file__", None)
         self.wrapper_files = (file,) if file else ()
         self.calls = 0
@@ -313,8 +319,8 @@ class Verifier:
                 return _Problem(structure[0].check, structure[0].message)
             noise: list[Any] | None = None
             for i, (e, g) in enumerate(zip(expected, outputs)):
-                if not isinstance(e, torch.Tensor):
-                    continue
+                if not isinstance(e, torch.Tensor) or torch.equal(e, g):
+                    continue  # bitwise equal (and NaN-free) passes every tolerance: one pass instead of ~20
                 failure = compare_output(i, e, g, variant="production", tf32=self.tf32, poison_byte=None,
                                          others={}, where=where)
                 if failure is None:
@@ -514,7 +520,9 @@ def _to_caller(out: Any, shadow: _Shadow) -> Any:
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
-    if a.is_floating_point() or a.is_complex():
+    if torch.equal(a, b):
+        return True
+    if a.is_floating_point() or a.is_complex():  # NaN != NaN: equal only if they sit at the same places
         return bool(((a == b) | (a.isnan() & b.isnan())).all())
     return bool(torch.equal(a, b))
 
