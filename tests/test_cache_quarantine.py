@@ -80,3 +80,17 @@ def test_cli_cache_lists_quarantined_wrappers(tmp_path):
     assert main(["--root", str(tmp_path / "ts"), "cache", "--json"], out=out) == 0
     (item,) = json.loads(out.getvalue())
     assert item["quarantined"] is True and item["key"] == KEY and item["source_sha256"] == source_sha256(bad.source)
+
+
+def test_cli_show_says_a_track_was_uninstalled(tmp_path):
+    from test_cli_runfolder import RUN_NEW, build_root
+
+    ids = build_root(tmp_path)
+    track = tmp_path / "runs" / RUN_NEW / ids["installed"] / "track.json"
+    doc = json.loads(track.read_text())
+    doc.update(status="uninstalled", verification={"failed_call": 6, "check": "value_mismatch", "detail": "output 0"})
+    track.write_text(json.dumps(doc))
+    out = io.StringIO()
+    main(["--root", str(tmp_path), "show", ids["installed"][:12]], out=out)
+    assert "uninstalled by production verification on call 6 since install (value_mismatch): output 0" in \
+        out.getvalue()

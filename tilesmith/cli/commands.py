@@ -100,6 +100,10 @@ def _write_track(t: TrackData, out: TextIO, *, detailed: bool) -> None:
     out.write(f"  loops accepted {loops}  turns {d.get('turns', '-')}  evaluations {len(evals)}\n")
     for problem in t.problems:
         out.write(f"  problem: {problem}\n")
+    ver = d.get("verification")
+    if isinstance(ver, dict):
+        out.write(f"  uninstalled by production verification on call {ver.get('failed_call', '?')} since install "
+                  f"({ver.get('check', '?')}): {str(ver.get('detail', ''))[:300]}\n")
     bench = t.benchmark
     if bench:
         floor = number(bench.get("roofline_floor_ms"))
