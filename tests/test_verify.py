@@ -253,6 +253,22 @@ def test_candidate_raising_on_an_unchecked_call_is_uninstalled_and_the_error_re_
     assert "unchecked call" in _failure(compiled).message
 
 
+def test_a_fault_inside_the_check_serves_the_original_and_uninstalls_without_quarantine(stand_in_gate,
+                                                                                        monkeypatch):
+    def broken(*_):
+        raise RuntimeError("bug in the check (injected)")
+
+    compiled, _ = _compile(vs.count_bomb_closure(0), "first=10,every=off,interval=off", monkeypatch)
+    monkeypatch.setattr(verify, "output_facts", broken)
+    errors = _drive(compiled, 1 + 3)
+    assert max(errors) < 1e-5, "the bomb's outputs were never judged, so never returned"
+    (diag,) = [d for d in tilesmith.diagnostics(compiled) if d.kind == "verification_error"]
+    assert "injected" in diag.message and "not quarantined" in diag.message
+    from tilesmith.cache import ArtifactStore
+
+    assert ArtifactStore(stand_in_gate).quarantined() == [] and _verifier(compiled)[0].state == "uninstalled"
+
+
 # -- random numbers -------------------------------------------------------------------------------------------
 def _dropout(x, w):
     return torch.nn.functional.dropout(x @ w, p=0.5, training=True) + 1.0

@@ -22,9 +22,9 @@ On a mismatch (or an exception from the installed wrapper) the graph is uninstal
 original's outputs (aliases of inputs mapped back to the caller's tensors, inputs restored, RNG states set as the
 original left them), the graph and its identical twins run on Inductor from then on, the artifact is quarantined
 in the cache (:meth:`tilesmith.cache.ArtifactStore.quarantine`), and a ``verification_failed`` diagnostic names
-the graph, the call number and what differed. Nothing raises into the user's call: a problem inside the
-verification itself is a ``verification_error`` diagnostic and ends checking for that graph; a check that cannot
-run (CUDA-graph capture in progress, too little free device memory for the copies) is skipped with one
+the graph, the call number and what differed. Nothing raises into the user's call: a fault inside the judging
+itself serves the original's outputs too and uninstalls the graph without quarantine (``verification_error``:
+unjudged outputs are never returned); a check that cannot run (CUDA-graph capture in progress, too little free device memory for the copies) is skipped with one
 ``verification_skipped`` diagnostic per reason. An exception from the wrapper on an *unchecked* call still
 uninstalls and quarantines it, but is re-raised: its inputs are consumed and no copy exists.
 """
@@ -35,7 +35,6 @@ import logging
 import math
 import os
 import random
-import re
 import threading
 import time
 import weakref
@@ -46,6 +45,18 @@ import torch
 
 from tilesmith import settings
 from tilesmith.gate.compare import check_values, compare_output, compare_structure, tolerance_for
+from tilesmith.install.shadow import (
+    PERTURB_ULPS,
+    is_oom,
+    output_facts,
+    perturbed,
+    rng_equal,
+    rng_restore,
+    rng_state,
+    same_bits,
+    tf32_in_effect,
+    to_caller,
+)
 from tilesmith.install.threads import ThreadCensus, warm_intra_op_pool
 from tilesmith.settings import VerifyPolicy
 from tilesmith.track.snapshot import copy_input
@@ -57,9 +68,6 @@ MAX_GAP = 10_000_000
 _NEVER = 1 << 62
 _EMA = 0.3
 """Weight of the newest check in the running estimates of check cost and call time."""
-PERTURB_ULPS = 4
-"""Relative size (in units of the dtype's epsilon) of the input perturbation that measures the original's own
-rounding sensitivity, the gate's figure (:func:`tilesmith.gate.inputs.perturbed`)."""
 
 
 @dataclass(frozen=True)
@@ -168,7 +176,7 @@ class Verifier:
         self.key, self.label, self.graph_name = handle.key, handle.label, handle.graph.name
         self.mutated = tuple(handle.graph.mutated_input_idxs)
         self.device = torch.device(handle.graph.device)
-        self.tf32 = _tf32_in_effect(self.device, source)
+        self.tf32 = tf32_in_effect(self.device, source)
         self.module = module
         file = getattr(module, "__file__", None)
         self.wrapper_files = (file,) if file else ()
@@ -176,7 +184,6 @@ class Verifier:
         self.checks = 0
         self.skipped = 0
         self.failed = False
-        self.disabled = False
         self.gap = float(self.policy.every or 0)
         self.check_cost_s: float | None = None
         self.call_s: float | None = None
@@ -218,7 +225,7 @@ class Verifier:
         """Run one call with a shadow check (or route it to the original once uninstalled)."""
         if self.failed:
             return self.original(args)
-        if self.disabled or not self._lock.acquire(blocking=False):
+        if not self._lock.acquire(blocking=False):
             return self.fn(args)  # another thread is checking this graph right now
         try:
             return self._check(args)
@@ -229,7 +236,7 @@ class Verifier:
         """The installed wrapper raised on an unchecked call: uninstall it (unless out of memory, which the
         original would likely hit too). True when the call can be served by the original instead (the argument
         list was not consumed yet); else the caller re-raises."""
-        if _is_oom(exc) or self.failed:
+        if is_oom(exc) or self.failed:
             return False
         try:
             self.uninstall(self.calls, _Problem("crash", f"the installed wrapper raised {type(exc).__name__}: "
@@ -258,7 +265,7 @@ class Verifier:
             outputs = self.fn(args)
             self._sync()
         except Exception as exc:  # noqa: BLE001 - the wrapper's failure, not the user's
-            if _is_oom(exc):
+            if is_oom(exc):
                 self.skipped += 1
                 self._say("verification_skipped", f"graph {self.label}: the installed wrapper ran out of memory "
                           f"on checked call {n} (the check's copies use memory too); this call returned the "
@@ -271,8 +278,7 @@ class Verifier:
         try:
             problem = self._judge(n, shadow, outputs)
         except Exception as exc:  # noqa: BLE001 - a bug in the check must not reach the user
-            self._internal(n, exc)
-            return outputs
+            return self._internal(n, shadow, exc)
         if problem is not None:
             return self._fail(n, shadow, outputs, problem)
         self.checks += 1
@@ -296,11 +302,15 @@ class Verifier:
     def _shadow(self, args: list[Any]) -> _Shadow:
         real = list(args)
         shadow = _Shadow(real, [_copy(a) for a in real])
-        shadow.pre_rng = _rng_state(self.device)
-        shadow.outputs = self.original(list(shadow.copies))
-        shadow.post_rng = _rng_state(self.device)
-        if not _rng_equal(shadow.pre_rng, shadow.post_rng):
-            _rng_restore(shadow.pre_rng, self.device)  # the wrapper draws the same numbers as the original did
+        shadow.pre_rng = rng_state(self.device)
+        try:
+            shadow.outputs = self.original(list(shadow.copies))
+        except BaseException:
+            rng_restore(shadow.pre_rng, self.device)  # the wrapper then serves the call unchecked
+            raise
+        shadow.post_rng = rng_state(self.device)
+        if not rng_equal(shadow.pre_rng, shadow.post_rng):
+            rng_restore(shadow.pre_rng, self.device)  # the wrapper draws the same numbers as the original did
         self._sync()
         return shadow
 
@@ -313,7 +323,7 @@ class Verifier:
         where = f"production call {n} since install"
         with torch.no_grad():
             expected = shadow.outputs
-            structure = compare_structure(_facts(expected, shadow.copies), _facts(outputs, shadow.real),
+            structure = compare_structure(output_facts(expected, shadow.copies), output_facts(outputs, shadow.real),
                                           where=where, variant=None)
             if structure:
                 return _Problem(structure[0].check, structure[0].message)
@@ -340,7 +350,7 @@ class Verifier:
             written = self._inputs_problem(shadow)
             if written is not None:
                 return written
-        if not _rng_equal(_rng_state(self.device), shadow.post_rng):
+        if not rng_equal(rng_state(self.device), shadow.post_rng):
             return _Problem("rng_state", "the random-number generator state after the installed wrapper differs "
                                          "from the state after the original on the same starting state: it "
                                          "draws different random numbers or a different amount of them")
@@ -363,20 +373,20 @@ class Verifier:
                                     f"the original writes: {report.count} of {report.total} elements differ, first "
                                     f"at {list(report.worst_index)}: expected {report.expected}, got {report.got} "
                                     f"({report.detail})")
-            elif not _same_bits(r, c):
+            elif not same_bits(r, c):
                 return _Problem("input_mutated", f"input {j} ({str(c.dtype).removeprefix('torch.')} "
                                 f"{list(c.shape)}) was changed by the installed wrapper; the original only reads it")
         return None
 
     def _noise(self, shadow: _Shadow) -> list[Any]:
         """``|original(perturbed inputs) − original(inputs)|`` per output (``None`` where not computable)."""
-        perturbed = [_perturbed(c) for c in shadow.copies]
-        now = _rng_state(self.device)
-        _rng_restore(shadow.pre_rng, self.device)
+        inputs = [perturbed(c) for c in shadow.copies]
+        now = rng_state(self.device)
+        rng_restore(shadow.pre_rng, self.device)
         try:
-            again = self.original(perturbed)
+            again = self.original(inputs)
         finally:
-            _rng_restore(now, self.device)
+            rng_restore(now, self.device)
         return [(a.double() - e.double()).abs() if isinstance(e, torch.Tensor) and isinstance(a, torch.Tensor)
                 and a.shape == e.shape and e.is_floating_point() else None for e, a in zip(shadow.outputs, again)]
 
@@ -387,13 +397,13 @@ class Verifier:
         with torch.no_grad():
             for j, (r, c) in enumerate(zip(shadow.real, shadow.copies)):
                 if isinstance(r, torch.Tensor) and isinstance(c, torch.Tensor) and r is not c and \
-                        (j in self.mutated or not _same_bits(r, c)):
+                        (j in self.mutated or not same_bits(r, c)):
                     try:
                         r.copy_(c)
                     except RuntimeError:  # e.g. an expanded (overlapping) input
                         log.warning("tilesmith: could not restore input %d of graph %s", j, self.label)
-        _rng_restore(shadow.post_rng, self.device)
-        result = [_to_caller(o, shadow) for o in shadow.outputs]
+        rng_restore(shadow.post_rng, self.device)
+        result = [to_caller(o, shadow) for o in shadow.outputs]
         return type(shadow.outputs)(result) if isinstance(shadow.outputs, tuple) else result
 
     def _fail(self, n: int, shadow: _Shadow, outputs: Any, problem: _Problem) -> Any:
@@ -404,8 +414,10 @@ class Verifier:
             log.exception("tilesmith: uninstalling graph %s failed", self.label)
         return result
 
-    def uninstall(self, n: int, problem: _Problem) -> None:
-        """Put the original back for this graph and its twins, quarantine the artifact, record the diagnostic."""
+    def uninstall(self, n: int, problem: _Problem, *, quarantine: bool = True) -> None:
+        """Put the original back for this graph and its twins, quarantine the artifact, record the diagnostic
+        (``verification_error`` instead of ``verification_failed`` when ``quarantine`` is False: a fault of the
+        check itself)."""
         from tilesmith.install.loader import swap
 
         self.failed, self.next_check = True, 0
@@ -419,14 +431,19 @@ class Verifier:
                     other.failed, other.next_check = True, 0
         with run._lock:
             run.benchmarks[:] = [b for b in run.benchmarks if b.graph_key != self.key]
-        where = self._quarantine(n, problem)
-        remedy = (" If these threads are your program's own, set TILESMITH_VERIFY=threads=off "
-                  "(docs/verification.md)." if problem.check == "thread_count" else "")
-        message = (f"graph {self.label}: production verification failed on call {n} since install "
-                   f"({problem.check}: {problem.detail}). The graph is uninstalled: this call returned the original "
-                   f"Inductor wrapper's outputs and every later call runs on Inductor. {where}{remedy}")
+        if quarantine:
+            where = self._quarantine(n, problem)
+            remedy = (" If these threads are your program's own, set TILESMITH_VERIFY=threads=off "
+                      "(docs/verification.md)." if problem.check == "thread_count" else "")
+            kind, head = "verification_failed", f"production verification failed on call {n} since install"
+        else:
+            kind, head = "verification_error", f"the production check of call {n} since install failed inside Tilesmith"
+            where, remedy = "The artifact is not quarantined.", " Please report this with the run folder."
+        message = (f"graph {self.label}: {head} ({problem.check}: {problem.detail}). The graph is uninstalled: this "
+                   f"call returned the original Inductor wrapper's outputs and every later call runs on Inductor. "
+                   f"{where}{remedy}")
         log.warning("tilesmith: %s", message)
-        run.diagnose("verification_failed", message, self.key, self.graph_name)
+        run.diagnose(kind, message, self.key, self.graph_name)
         if self.track is not None:
             self.track.update(status="uninstalled", verification={
                 "failed_call": n, "check": problem.check, "detail": problem.detail, "checks_passed": self.checks})
@@ -458,124 +475,16 @@ class Verifier:
         except Exception:  # noqa: BLE001
             log.debug("tilesmith: could not record %s", kind, exc_info=True)
 
-    def _internal(self, n: int, exc: BaseException) -> None:
-        self.disabled, self.next_check = True, _NEVER
+    def _internal(self, n: int, shadow: _Shadow, exc: BaseException) -> Any:
+        """Judging failed inside Tilesmith: the outputs are unjudged, so the call gets the original's (correct by
+        construction) and the graph runs on Inductor from now on; the artifact is not quarantined."""
         log.exception("tilesmith: production check of graph %s failed internally", self.label)
-        self._say("verification_error", f"graph {self.label}: the production check of call {n} failed inside "
-                  f"Tilesmith ({type(exc).__name__}: {exc}); the installed wrapper's outputs were returned and this "
-                  "graph is no longer checked. Please report this with the run folder.", "internal")
-
-
-# -- helpers ----------------------------------------------------------------------------------------------
-def _is_oom(exc: BaseException) -> bool:
-    return isinstance(exc, getattr(torch, "OutOfMemoryError", ())) or "out of memory" in str(exc).lower()
-
-
-def _facts(outputs: Any, inputs: list[Any]) -> list[dict[str, Any]]:
-    """Layout and aliasing of each output, in the form :func:`tilesmith.gate.compare.compare_structure` reads."""
-    if not isinstance(outputs, (tuple, list)):
-        return [{"kind": "not_a_sequence", "type": type(outputs).__qualname__}]
-    facts: list[dict[str, Any]] = []
-    ptrs: list[int | None] = []
-    for out in outputs:
-        if out is None:
-            facts.append({"kind": "none"})
-            ptrs.append(None)
-        elif type(out) in (int, float, bool):
-            facts.append({"kind": "scalar", "value": out})
-            ptrs.append(None)
-        elif type(out) is torch.Tensor or (isinstance(out, torch.Tensor) and any(a is out for a in inputs)):
-            # an input returned as it is (a saved parameter) keeps the caller's type (nn.Parameter); the copies
-            # the original ran on are plain tensors
-            ptr = out.untyped_storage().data_ptr() if out.numel() else None
-            facts.append({"kind": "tensor", "shape": list(out.shape), "stride": list(out.stride()),
-                          "dtype": str(out.dtype), "device": str(out.device),
-                          "input_identity": next((j for j, a in enumerate(inputs) if a is out), None),
-                          "input_storage": next((j for j, a in enumerate(inputs) if isinstance(a, torch.Tensor)
-                                                 and a.numel() and a.untyped_storage().data_ptr() == ptr), None)})
-            ptrs.append(ptr)
-        else:
-            facts.append({"kind": "other", "type": f"{type(out).__module__}.{type(out).__qualname__}"})
-            ptrs.append(None)
-    for i, fact in enumerate(facts):
-        if ptrs[i] is not None:
-            fact["shares_outputs"] = [j for j, p in enumerate(ptrs) if j != i and p == ptrs[i]]
-    return facts
-
-
-def _to_caller(out: Any, shadow: _Shadow) -> Any:
-    """An output of the original on the copies, re-pointed at the caller's tensor where it aliases an input."""
-    if not isinstance(out, torch.Tensor) or not out.numel():
-        return out
-    ptr = out.untyped_storage().data_ptr()
-    for r, c in zip(shadow.real, shadow.copies):
-        if isinstance(c, torch.Tensor) and isinstance(r, torch.Tensor):
-            if c is out:
-                return r
-            if c.numel() and c.untyped_storage().data_ptr() == ptr:
-                return r.as_strided(out.size(), out.stride(), out.storage_offset())
-    return out
-
-
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    if torch.equal(a, b):
-        return True
-    if a.is_floating_point() or a.is_complex():  # NaN != NaN: equal only if they sit at the same places
-        return bool(((a == b) | (a.isnan() & b.isnan())).all())
-    return bool(torch.equal(a, b))
-
-
-def _perturbed(value: Any) -> Any:
-    """A copy of ``value`` with each floating element scaled by ``1 ± PERTURB_ULPS·eps`` (random sign)."""
-    if not isinstance(value, torch.Tensor) or not value.is_floating_point() or not value.numel():
-        return value
-    out = copy_input(value)
-    gen = torch.Generator(device=value.device).manual_seed(0x5EED)
-    sign = torch.randint(0, 2, tuple(value.shape), generator=gen, device=value.device).mul_(2).sub_(1)
-    eps = torch.finfo(value.dtype).eps
-    try:
-        out.copy_((value.double() * (1 + PERTURB_ULPS * eps * sign)).to(value.dtype))
-    except RuntimeError:
-        pass  # an overlapping input: keep the plain copy
-    return out
-
-
-def _rng_state(device: torch.device) -> tuple[Any, Any]:
-    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-    return torch.get_rng_state(), cuda
-
-
-def _rng_restore(state: tuple[Any, Any], device: torch.device) -> None:
-    torch.set_rng_state(state[0])
-    if state[1] is not None:
-        torch.cuda.set_rng_state(state[1], device)
-
-
-def _rng_equal(a: tuple[Any, Any], b: tuple[Any, Any]) -> bool:
-    return torch.equal(a[0], b[0]) and (a[1] is None or b[1] is None or torch.equal(a[1], b[1]))
-
-
-_MATMUL = re.compile(r"extern_kernels\.(mm|addmm|bmm|baddbmm)|triton_tem_|aten\.(mm|addmm|bmm)|_scaled_mm")
-
-
-def _tf32_in_effect(device: torch.device, source: str) -> bool:
-    """Whether the gate's ``tf32`` row applies: a CUDA graph whose matmuls or convolutions run in TF32 under the
-    user's flags (the gate's rule, docs/gate.md "Tolerances")."""
-    if device.type != "cuda":
-        return False
-
-    def tf32(backend: Any, legacy: str) -> bool:
-        precision = getattr(backend, "fp32_precision", None)
-        if precision in ("tf32", "ieee"):
-            return precision == "tf32"
-        return bool(getattr(backend, legacy, False))
-
-    cuda_mm = getattr(getattr(torch.backends, "cuda", None), "matmul", None)
-    cudnn = getattr(torch.backends, "cudnn", None)
-    return bool((_MATMUL.search(source) and tf32(cuda_mm, "allow_tf32"))
-                or ("convolution" in source and tf32(getattr(cudnn, "conv", cudnn), "allow_tf32")))
+        result = self._serve_original(shadow, None)
+        try:
+            self.uninstall(n, _Problem("internal_error", f"{type(exc).__name__}: {exc}"), quarantine=False)
+        except Exception:  # noqa: BLE001
+            log.exception("tilesmith: uninstalling graph %s failed", self.label)
+        return result
 
 
 # -- the clock: arms the timed check --------------------------------------------------------------------------
@@ -622,7 +531,7 @@ class _Clock:
                 wait: float | None = None
                 for state in list(self._states):
                     interval = state.policy.interval_s
-                    if state.failed or state.disabled or interval is None or state.timed_pending:
+                    if state.failed or interval is None or state.timed_pending:
                         continue
                     due = state.last_check_at + interval
                     if due <= now:
