@@ -253,6 +253,47 @@ def test_candidate_raising_on_an_unchecked_call_is_uninstalled_and_the_error_re_
     assert "unchecked call" in _failure(compiled).message
 
 
+def _row_sum(x):
+    return x.sum(1)
+
+
+def _cancelling(seed):
+    """Rows of ±(1000 + u) pairs: sums of order 0.1 whose float32 rounding error (~1e-3) is far above rtol."""
+    g = torch.Generator().manual_seed(seed)
+    big = 1000 + torch.rand(64, 16, generator=g)
+    x = torch.empty(64, 32)
+    x[:, 0::2], x[:, 1::2] = big, -(big + 0.1 * torch.randn(64, 16, generator=g))
+    return x
+
+
+def test_honest_rounding_beyond_the_elementwise_tolerance_is_judged_against_the_originals_noise(stand_in_gate,
+                                                                                                 monkeypatch):
+    from tilesmith.gate.compare import compare_output
+
+    more_precise = vs.rebind_call("x = args[0]\nout = _inner(args)\nout[0].copy_(x.double().sum(1).float())\n"
+                                  "return out")
+    monkeypatch.setenv("TILESMITH_VERIFY", "first=5,every=off,interval=off")
+    compiled = tilesmith.compile(_row_sum, example_inputs=(_cancelling(0),),
+                                 agent_model=ScriptedFactory(edits=[more_precise]))
+    strict = []
+    for i in range(1 + 5):
+        x = _cancelling(i + 1)
+        got, want = compiled(x), torch.compile(_row_sum)(x)
+        strict.append(compare_output(0, want, got, variant="production", tf32=False, poison_byte=None, others={},
+                                     where="test"))
+    assert all(f is not None for f in strict[1:]), "the elementwise test alone would uninstall it"
+    _, v = _verifier(compiled)
+    assert v.checks == 5 and not v.failed, tilesmith.diagnostics(compiled)
+
+
+def test_precision_downgrade_bomb_is_not_excused_as_rounding_noise(stand_in_gate, monkeypatch):
+    compiled, _ = _compile(vs.precision_bomb(3), "first=10,every=off,interval=off", monkeypatch)
+    errors = _drive(compiled, 1 + 6)
+    assert max(errors) < 1e-5
+    message = _failure(compiled).message
+    assert "call 4 since install" in message and "precision_loss" in message and "rounding sensitivity" in message
+
+
 def test_a_fault_inside_the_check_serves_the_original_and_uninstalls_without_quarantine(stand_in_gate,
                                                                                         monkeypatch):
     def broken(*_):

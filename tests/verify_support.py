@@ -149,3 +149,15 @@ def raises_after(limit: int):
             raise RuntimeError("kernel launch failed (injected)")
         return _inner(args)
         """, prelude="_n = [0]\n")
+
+
+def precision_bomb(limit: int):
+    """Honest for ``limit`` calls, then every output rounded through bfloat16 (a silent precision downgrade)."""
+    return rebind_call(f"""
+        _n[0] += 1
+        out = _inner(args)
+        if _n[0] > {limit}:
+            for t in out:
+                t.copy_(t.bfloat16().float())
+        return out
+        """, prelude="_n = [0]\n")
