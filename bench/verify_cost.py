@@ -125,23 +125,24 @@ def measure(name, fn, inputs, device, rounds, block_ms):
             arm(list(inputs))
     sync()
     probe = _block(arms["bare"], inputs, 20, sync) / 20
-    calls = max(20, int(block_ms / max(probe, 1e-6)))
-    samples = {a: [] for a in arms}
+    probe_checked = _block(arms["checked"], inputs, 5, sync) / 5
+    calls = {a: max(20, int(block_ms / max(probe, 1e-6))) for a in arms}
+    calls["checked"] = max(5, int(block_ms / max(probe_checked, 1e-6)))  # a block of about block_ms too
+    per_call: dict[str, list[float]] = {a: [] for a in arms}
     for order in round_orders(list(arms), rounds, seed=1):
         for a in order:
-            samples[a].append(_block(arms[a], inputs, calls, sync))
+            per_call[a].append(_block(arms[a], inputs, calls[a], sync) / calls[a])
     v = verify.verifier_of_callable(arms["defaults"])
-    per_call = {a: [s / calls for s in v_] for a, v_ in samples.items()}
     out = {"graph": name, "device": device, "rounds": rounds, "calls_per_block": calls,
            "bare_us_per_call": median(per_call["bare"]) * 1e3}
     for a in ("unchecked", "checked"):
-        stats = ratio_stats(samples[a], samples["bare"])
+        stats = ratio_stats(per_call[a], per_call["bare"])
         out[a] = {"ratio": stats["ratio"], "ci": stats["ci"],
                   "added_us_per_call": (median(per_call[a]) - median(per_call["bare"])) * 1e3}
-    point, ci = _ratio_of_totals(samples["defaults"], samples["bare"])
+    point, ci = _ratio_of_totals(per_call["defaults"], per_call["bare"])
     out["defaults"] = {"ratio_of_totals": point, "ci": list(ci), "checks": v.checks, "calls": v.calls,
                        "mean_gap_calls": v.gap, "check_cost_us": (v.check_cost_s or 0) * 1e6,
-                       "call_us": (v.call_s or 0) * 1e6}
+                       "call_us": (v.call_s or 0) * 1e6, "spacing_us": (v.spacing_s or 0) * 1e6}
     problems = [d.kind for d in run.diagnostics if d.kind.startswith("verification")]
     out["verification_diagnostics"] = problems
     return out
@@ -151,7 +152,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--rounds", type=int, default=None, help="rounds per graph (default 24 CPU, 30 CUDA)")
-    parser.add_argument("--block-ms", type=float, default=None, help="target ms of a bare block (default 40)")
+    parser.add_argument("--block-ms", type=float, default=None, help="target ms of a block (default 40)")
     parser.add_argument("--out", default=os.environ.get("OUT"), help="folder for verify_cost.json")
     args = parser.parse_args()
     if args.device == "cpu":
@@ -177,7 +178,7 @@ def main() -> int:
               f"[{r['checked']['ci'][0]:.2f}, {r['checked']['ci'][1]:.2f}] (+{r['checked']['added_us_per_call']:.0f} "
               f"us); defaults {d['ratio_of_totals']:.4f}x [{d['ci'][0]:.4f}, {d['ci'][1]:.4f}] ({d['checks']} "
               f"checks in {d['calls']} calls, mean gap {d['mean_gap_calls']:.0f}, check {d['check_cost_us']:.0f} us, "
-              f"call {d['call_us']:.1f} us)")
+              f"call {d['call_us']:.1f} us, spacing {d['spacing_us']:.1f} us)")
     if args.out:
         path = Path(args.out) / "verify_cost.json"
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -71,16 +71,27 @@ def _drive(compiled, calls, *, pause_before=None, pause_s=0.0, fn=_fn):
 
 
 def test_honest_candidate_passes_its_checks_and_unchecked_calls_copy_nothing(stand_in_gate, monkeypatch):
-    copies = []
-    real_copy = verify._copy
-    monkeypatch.setattr(verify, "_copy", lambda v: copies.append(1) or real_copy(v))
+    from tilesmith.install.threads import ThreadCensus
+
+    seen = {"copy": 0, "rng": 0, "census": 0}
+
+    def spy(name, real):
+        def wrapped(*a, **k):
+            seen[name] += 1
+            return real(*a, **k)
+        return wrapped
+
+    monkeypatch.setattr(verify, "_copy", spy("copy", verify._copy))
+    monkeypatch.setattr(verify, "rng_state", spy("rng", verify.rng_state))
+    monkeypatch.setattr(ThreadCensus, "unexplained", spy("census", ThreadCensus.unexplained))
     compiled, _ = _compile(vs.honest(), "first=3,every=off,interval=off", monkeypatch)
     errors = _drive(compiled, 1 + 20)  # the first call optimizes (and runs the original); 20 installed calls
     handle, v = _verifier(compiled)
     assert max(errors) < 1e-5
     assert handle.state == "installed" and len(tilesmith.benchmarks(compiled)) == 1
     assert (v.calls, v.checks, v.skipped, v.failed) == (20, 3, 0, False)
-    assert len(copies) == 3 * 2, "only the 3 checked calls copy their 2 inputs"
+    # only the 3 checked calls copy their 2 inputs, read the RNG states (3 times) and list the threads
+    assert seen == {"copy": 3 * 2, "rng": 3 * 3, "census": 3}, seen
     assert not [k for k in _kinds(compiled) if k.startswith("verification")]
     assert v.check_cost_s is not None and v.call_s is not None
 
@@ -100,7 +111,7 @@ def test_budget_raises_the_gap_above_every(stand_in_gate, monkeypatch):
     _drive(compiled, 1 + 6)
     _, v = _verifier(compiled)
     # a check costs at least the original's call again, so at 0.1 % the mean gap must exceed 1/0.001 calls
-    assert v.gap >= 0.5 / 0.001 and v.gap == pytest.approx(v.check_cost_s / (0.001 * v.call_s), rel=1e-6)
+    assert v.gap >= 0.5 / 0.001 and v.gap == pytest.approx(v.check_cost_s / (0.001 * v.graph_time_s()), rel=1e-6)
 
 
 @pytest.mark.parametrize("bomb", [vs.count_bomb_closure, vs.count_bomb_itertools], ids=["closure", "itertools"])
@@ -146,6 +157,28 @@ def test_control_an_honest_artifact_is_served_to_a_second_compile(stand_in_gate,
     _drive(compiled, 1 + 4)
     again, factory = _second_compile(monkeypatch)
     assert "cache_hit" in _kinds(again) and factory.sessions == []
+
+
+def test_a_caught_graph_takes_its_identical_twin_down_with_it(stand_in_gate, monkeypatch):
+    compiled, factory = _compile(vs.count_bomb_itertools(3), "first=10,every=off,interval=off", monkeypatch)
+    x, w = _inputs(1)
+    with torch.no_grad():
+        compiled(x, w)
+    with torch.inference_mode():  # a Dynamo guard fails: the same wrapper again, installed as a twin
+        compiled(x, w)
+    run = tilesmith.api._run_of(compiled)
+    assert len(run.handles) == 2 and len(factory.sessions) == 1
+    assert all(verify.verifier_of(h) is not None for h in run.handles), tilesmith.diagnostics(compiled)
+    with torch.no_grad():
+        errors = _drive(compiled, 5)  # the first handle's bomb fires on its 4th installed call
+    with torch.inference_mode():
+        errors += _drive(compiled, 5)  # the twin's would fire on its 4th call too, but it is gone
+    assert max(errors) < 1e-5, errors
+    states = [h.state for h in run.handles]  # inference tensors made under inference_mode may recompile again
+    assert states[:2] == ["uninstalled", "uninstalled"] and set(states[2:]) <= {"kept_inductor"}, states
+    assert all("production verification uninstalled" in d.message for d in tilesmith.diagnostics(compiled)
+               if d.kind == "duplicate_graph" and "stays on Inductor" in d.message)
+    assert len([d for d in tilesmith.diagnostics(compiled) if d.kind == "verification_failed"]) == 1
 
 
 def test_call_count_bomb_in_the_sampled_phase_is_caught_within_a_bounded_number_of_calls(stand_in_gate,

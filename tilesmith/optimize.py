@@ -169,7 +169,8 @@ def reuse_in_run(run: Any, first: Any, handle: Any) -> None:
     if first.state != "installed" or source is None or record is None:
         handle.state = "kept_inductor"
         why = ("whose cached artifact is still being re-checked in the background; this one stays on Inductor."
-               if first.state == "rechecking" else "which stayed on Inductor; so does this one.")
+               if first.state == "rechecking" else "whose wrapper production verification uninstalled; this one "
+               "stays on Inductor." if first.state == "uninstalled" else "which stayed on Inductor; so does this one.")
         run.diagnose("duplicate_graph", f"{twin}, {why}", handle.key, handle.graph.name)
         return
     try:

@@ -96,7 +96,8 @@ class VerifyPolicy:
     ``first``: the first this many calls after install are all checked. ``every``: afterwards each call is
     checked with probability ``1/every`` (a private random draw, so the checked calls cannot be predicted from a
     call count); ``None`` = no sampled checks. ``budget``: the sampled checks' cost is held at about this
-    fraction of the graph's own time by raising the mean gap above ``every`` (``None`` = no cap).
+    fraction of the graph's own time by raising the mean gap above ``every`` (``None`` = no cap; the graph's time
+    per call is the smaller of its measured time on checked calls and the wall time per call between checks).
     ``interval_s``: the first call after this many seconds without a check is checked (``None`` = never).
     ``threads``: the OS thread census of the user's process is part of every check.
     """

@@ -166,7 +166,8 @@ class Verifier:
 
     Read-only for callers: ``calls`` (calls since install), ``checks`` (passed checks), ``skipped``,
     ``failed`` (True once uninstalled), ``gap`` (current mean gap between sampled checks, calls),
-    ``check_cost_s`` / ``call_s`` (running estimates: seconds a check adds, seconds the wrapper takes).
+    ``check_cost_s`` / ``call_s`` / ``spacing_s`` (running estimates: seconds a check adds, seconds the wrapper
+    takes on a checked call, wall seconds per call between checks).
     """
 
     def __init__(self, run: Any, handle: Any, track: Any, fn: Any, module: Any, source: str, prep: Preparation):
@@ -187,6 +188,8 @@ class Verifier:
         self.gap = float(self.policy.every or 0)
         self.check_cost_s: float | None = None
         self.call_s: float | None = None
+        self.spacing_s: float | None = None
+        self._last_end, self._last_n = time.perf_counter(), 0
         self.last_check_at = time.monotonic()
         self.timed_pending = False
         self._said: set[str] = set()
@@ -206,19 +209,33 @@ class Verifier:
 
     def _reschedule(self, n: int, cost_s: float | None, call_s: float | None) -> None:
         if cost_s is not None and call_s is not None:
-            self.check_cost_s = cost_s if self.check_cost_s is None else (1 - _EMA) * self.check_cost_s + _EMA * cost_s
-            self.call_s = call_s if self.call_s is None else (1 - _EMA) * self.call_s + _EMA * call_s
+            self.check_cost_s = _ema(self.check_cost_s, cost_s)
+            self.call_s = _ema(self.call_s, call_s)
         every, budget = self.policy.every, self.policy.budget
         if every is not None:
             gap = float(every)
-            if budget is not None and self.check_cost_s is not None and self.call_s:
-                gap = max(gap, self.check_cost_s / (budget * self.call_s))
+            own = self.graph_time_s()
+            if budget is not None and self.check_cost_s is not None and own:
+                gap = max(gap, self.check_cost_s / (budget * own))
             self.gap = min(gap, float(MAX_GAP))
         self.last_check_at = time.monotonic()
+        self._last_end, self._last_n = time.perf_counter(), n
         self.timed_pending = False
         self.next_check = n + 1 if n < self.policy.first else self._sampled_next(n)
         if self.policy.interval_s is not None:
             _CLOCK.poke()
+
+    def graph_time_s(self) -> float | None:
+        """Estimated seconds of this graph's own time per call: the smaller of the wrapper's time measured on
+        checked calls (an overestimate for tiny graphs: a rare check finds cold caches) and the wall time per call
+        between checks (an overestimate when the program does other work between calls)."""
+        known = [t for t in (self.call_s, self.spacing_s) if t]
+        return min(known) if known else None
+
+    def _note_spacing(self, n: int, started: float) -> None:
+        between = n - self._last_n - 1  # unchecked calls since the previous check ended
+        if between >= 8:
+            self.spacing_s = _ema(self.spacing_s, (started - self._last_end) / between)
 
     # -- the checked call ---------------------------------------------------------------------------------
     def checked_call(self, args: list[Any]) -> Any:
@@ -248,6 +265,7 @@ class Verifier:
     def _check(self, args: list[Any]) -> Any:
         n = self.calls
         started = time.perf_counter()
+        self._note_spacing(n, started)
         try:
             skip = self._skip_reason(args)
             shadow = None if skip else self._shadow(args)
@@ -485,6 +503,10 @@ class Verifier:
         except Exception:  # noqa: BLE001
             log.exception("tilesmith: uninstalling graph %s failed", self.label)
         return result
+
+
+def _ema(old: float | None, new: float) -> float:
+    return new if old is None else (1 - _EMA) * old + _EMA * new
 
 
 # -- the clock: arms the timed check --------------------------------------------------------------------------
