@@ -18,7 +18,9 @@ as in the benchmark suite, ``bench.stats.round_orders``); a block is timed with 
 with a device synchronization. Reported per graph: the bare time per call; for ``unchecked`` and ``checked`` the
 median over rounds of the per-round ratio arm/bare with its 95 % bootstrap interval; for ``defaults``, whose checks
 fall in a few rounds only, the ratio of total times over all rounds with a bootstrap interval over rounds, and the
-verifier's state (checks run, mean gap, check cost, call time). JSON goes to ``--out`` or ``$OUT``.
+verifier's state (checks run, mean gap, check cost, call time, wall time per call between checks), and the time of
+a lone checked call after many unchecked ones (what a sampled check costs with cold caches). JSON goes to ``--out``
+or ``$OUT``.
 """
 
 from __future__ import annotations
@@ -143,6 +145,18 @@ def measure(name, fn, inputs, device, rounds, block_ms):
     out["defaults"] = {"ratio_of_totals": point, "ci": list(ci), "checks": v.checks, "calls": v.calls,
                        "mean_gap_calls": v.gap, "check_cost_us": (v.check_cost_s or 0) * 1e6,
                        "call_us": (v.call_s or 0) * 1e6, "spacing_us": (v.spacing_s or 0) * 1e6}
+    # a lone check after many unchecked calls (caches cold), as the sampled checks are: median of 5
+    gap = int(min(30000, 0.5e3 / max(probe, 1e-6)))
+    lone = []
+    for _ in range(5):
+        for _ in range(gap):
+            arms["bare"](list(inputs))
+        sync()
+        t0 = time.perf_counter()
+        arms["checked"](list(inputs))
+        sync()
+        lone.append((time.perf_counter() - t0) * 1e6)
+    out["lone_checked_call_us"] = {"after_unchecked_calls": gap, "median": median(lone), "all": lone}
     problems = [d.kind for d in run.diagnostics if d.kind.startswith("verification")]
     out["verification_diagnostics"] = problems
     return out
@@ -178,7 +192,9 @@ def main() -> int:
               f"[{r['checked']['ci'][0]:.2f}, {r['checked']['ci'][1]:.2f}] (+{r['checked']['added_us_per_call']:.0f} "
               f"us); defaults {d['ratio_of_totals']:.4f}x [{d['ci'][0]:.4f}, {d['ci'][1]:.4f}] ({d['checks']} "
               f"checks in {d['calls']} calls, mean gap {d['mean_gap_calls']:.0f}, check {d['check_cost_us']:.0f} us, "
-              f"call {d['call_us']:.1f} us, spacing {d['spacing_us']:.1f} us)")
+              f"call {d['call_us']:.1f} us, spacing {d['spacing_us']:.1f} us); a lone checked call after "
+              f"{r['lone_checked_call_us']['after_unchecked_calls']} unchecked ones: "
+              f"{r['lone_checked_call_us']['median']:.0f} us")
     if args.out:
         path = Path(args.out) / "verify_cost.json"
         path.parent.mkdir(parents=True, exist_ok=True)
