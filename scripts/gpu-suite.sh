@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU test suite and the benchmarks, in one call on a CUDA machine (the H200 through the device tool).
 #
-#   scripts/gpu-suite.sh [tests] [main] [overhead] [kernels] [cache] [bench] [calib] [llm]   # default: tests main overhead
+#   scripts/gpu-suite.sh [tests] [main] [overhead] [kernels] [cache] [bench] [calib] [llm] [verify]   # default: tests main overhead
+#   scripts/gpu-suite.sh verify                 # production verification: GPU tests + bench/verify_cost.py (< 4 min)
 #   GPU_TESTS="tests/gpu/test_gate_gpu.py" scripts/gpu-suite.sh tests              # a subset of the GPU tests
 #   scripts/gpu-suite.sh bench                  # the benchmark suite, fresh, within 530 s (docs/benchmarks.md)
 #   BENCH_RESUME=1 scripts/gpu-suite.sh bench   # continue it in the next call (cases the budget skipped)
@@ -55,6 +56,9 @@ for part in "${parts[@]}"; do
               cp "$bout"/results.json "$bout"/results.md "$bout"/limits.json "$OUT/benchmarks/" 2>/dev/null
               cp "$bout"/results.png "$OUT/benchmarks/" 2>/dev/null; cp "$bout"/logs/*.log "$OUT/benchmarks/logs/" 2>/dev/null
               ;;
+    verify)   "$PY" -m pytest -q -ra -s -m gpu -p no:cacheprovider tests/gpu/test_verify_gpu.py 2>&1 | tee "$OUT/verify-tests.log" \
+                | grep -vE "^DEBUG"; rc=$((rc|${PIPESTATUS[0]}))
+              "$PY" bench/verify_cost.py --device cuda --out "$OUT" 2>&1 | tee "$OUT/verify-cost.log"; rc=$((rc|${PIPESTATUS[0]})) ;;
     calib)    "$PY" bench/gate_calibration.py ${CALIB_ARGS:-} 2>&1 | tee "$OUT/gate-calibration.log"; rc=$((rc|${PIPESTATUS[0]})) ;;
     llm)      "$PY" -m pytest -q -ra -s -m gpu tests/gpu/test_llm_e2e_gpu.py tests/gpu/test_llm_shell_gpu.py 2>&1 | tee "$OUT/llm-e2e.log"; rc=$((rc|${PIPESTATUS[0]})) ;;
     *)        echo "unknown part $part"; rc=2 ;;

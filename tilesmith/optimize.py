@@ -17,6 +17,7 @@ from typing import Any
 from tilesmith import settings
 from tilesmith._text import sentence
 from tilesmith.agent.protocol import StopOptimization
+from tilesmith.install import verify
 from tilesmith.install.loader import entry_point, load_wrapper, swap
 from tilesmith.records import BenchmarkRecord, Candidate, Timing, Verdict
 from tilesmith.session import GraphSession
@@ -137,8 +138,10 @@ def _run_optimizer(run: Any, handle: Any, track: Track, gate: Any, progress: Any
 
 def install(run: Any, handle: Any, track: Track, candidate: Candidate, verdict: Verdict, *, source: str,
             loops: int) -> BenchmarkRecord | None:
-    """Load ``candidate`` in the user's process, swap it in and record its benchmark."""
+    """Load ``candidate`` in the user's process, swap it in (shadow-checked, :mod:`tilesmith.install.verify`)
+    and record its benchmark."""
     try:
+        prep = verify.prepare()  # thread baseline before the candidate's import
         module = load_wrapper(candidate.source, handle.constants)
         fn = entry_point(module, handle.graph.inputs_to_check, handle.graph.mutated_input_idxs)
     except Exception as exc:  # noqa: BLE001
@@ -147,6 +150,7 @@ def install(run: Any, handle: Any, track: Track, candidate: Candidate, verdict: 
         return None
     record = benchmark_record(run, handle, track, verdict, source=source, loops=loops)
     handle.installed_source, handle.record = candidate.source, record
+    fn = verify.guard(run, handle, track, fn, module, candidate.source, prep)  # production verification
     hold = getattr(handle, "hold_install", None)
     if hold is not None:  # torch.distributed leader: installed once every rank agreed (tilesmith/coord)
         hold(fn, record, candidate.source)
@@ -171,12 +175,17 @@ def reuse_in_run(run: Any, first: Any, handle: Any) -> None:
     if first.state != "installed" or source is None or record is None:
         handle.state = "kept_inductor"
         why = ("whose cached artifact is still being re-checked in the background; this one stays on Inductor."
-               if first.state == "rechecking" else "which stayed on Inductor; so does this one.")
+               if first.state == "rechecking" else "whose wrapper production verification uninstalled; this one "
+               "stays on Inductor." if first.state == "uninstalled" else "which stayed on Inductor; so does this one.")
         run.diagnose("duplicate_graph", f"{twin}, {why}", handle.key, handle.graph.name)
         return
     try:
+        prep = verify.prepare()
         module = load_wrapper(source, handle.constants)
-        swap(handle.compiled, entry_point(module, handle.graph.inputs_to_check, handle.graph.mutated_input_idxs))
+        fn = entry_point(module, handle.graph.inputs_to_check, handle.graph.mutated_input_idxs)
+        first_verifier = verify.verifier_of(first)
+        swap(handle.compiled, verify.guard(run, handle, getattr(first_verifier, "track", None), fn, module, source,
+                                           prep))
     except Exception as exc:  # noqa: BLE001
         handle.state = "kept_inductor"
         run.diagnose("install_failed", f"{twin}; loading its validated wrapper failed ({type(exc).__name__}: "

@@ -127,6 +127,72 @@ def _recheck(text: str) -> str:
     return value
 
 
+@dataclass(frozen=True)
+class VerifyPolicy:
+    """Parsed ``TILESMITH_VERIFY``: how installed wrappers are shadow-checked in the user's process
+    (:mod:`tilesmith.install.verify`; docs/verification.md gives the defaults' measurements).
+
+    ``first``: the first this many calls after install are all checked. ``every``: afterwards each call is
+    checked with probability ``1/every`` (a private random draw, so the checked calls cannot be predicted from a
+    call count); ``None`` = no sampled checks. ``budget``: the sampled checks' cost is held at about this
+    fraction of the graph's own time by raising the mean gap above ``every`` (``None`` = no cap; the graph's time
+    per call is the smaller of its measured time on checked calls and the wall time per call between checks).
+    ``interval_s``: the first call after this many seconds without a check is checked (``None`` = never).
+    ``threads``: the OS thread census of the user's process is part of every check.
+    """
+
+    first: int = 8
+    every: int | None = 100
+    budget: float | None = 0.01
+    interval_s: float | None = 60.0
+    threads: bool = True
+
+
+VERIFY_DEFAULT = "first=8,every=100,budget=0.01,interval=60,threads=on"
+_VERIFY_FORMS = ("'off'; 'on' (the defaults, " + VERIFY_DEFAULT + "); or comma-separated fields, each optional: "
+                 "first=<calls, integer >= 0>, every=<calls, integer >= 1, or off>, budget=<fraction in (0, 1), "
+                 "or off>, interval=<seconds > 0, or off>, threads=<on|off>; e.g. 'first=8,every=1000,interval=30'")
+
+
+def _verify(text: str) -> VerifyPolicy | None:
+    """``TILESMITH_VERIFY`` → :class:`VerifyPolicy`, or ``None`` for ``off``."""
+    value = text.strip().lower()
+    if value in {"off", "0", "false", "no"}:
+        return None
+    if value in {"on", "1", "true", "yes", "default"}:
+        return VerifyPolicy()
+    fields: dict[str, Any] = {}
+    for part in value.split(","):
+        name, eq, raw = (x.strip() for x in part.partition("="))
+        if not eq or not name or not raw:
+            raise ValueError(f"{part.strip()!r} is not a name=value field; expected {_VERIFY_FORMS}")
+        if name in fields:
+            raise ValueError(f"field {name!r} is given twice; expected {_VERIFY_FORMS}")
+        off = raw in {"off", "none", "never"}
+        try:
+            if name == "first":
+                fields[name] = int(raw)
+                ok = fields[name] >= 0
+            elif name == "every":
+                fields[name] = None if off else int(raw)
+                ok = off or fields[name] >= 1
+            elif name == "budget":
+                fields[name] = None if off else float(raw)
+                ok = off or (math.isfinite(fields[name]) and 0.0 < fields[name] < 1.0)
+            elif name == "interval":
+                fields["interval_s"] = None if off else float(raw)
+                ok = off or (math.isfinite(fields["interval_s"]) and fields["interval_s"] > 0)
+            elif name == "threads":
+                fields[name], ok = _bool(raw), True
+            else:
+                raise ValueError(f"unknown field {name!r}")
+        except ValueError as exc:
+            raise ValueError(f"{part.strip()!r}: {exc}; expected {_VERIFY_FORMS}") from None
+        if not ok:
+            raise ValueError(f"{part.strip()!r} is out of range; expected {_VERIFY_FORMS}")
+    return VerifyPolicy(**fields)
+
+
 _SETTINGS = (
     Setting("TILESMITH_MODEL", None, _text,
             "Optimizer model when compile() gets no agent_model: a model the proxy lists, or "
@@ -237,6 +303,12 @@ _SETTINGS = (
             "Seconds without a heartbeat (each rank beats once a second through the store) after which a rank "
             "that has not answered is presumed dead, and every rank keeps Inductor for the graphs it was "
             "deciding or re-checking (dist_leader_lost / dist_rank_lost diagnostics)."),
+    Setting("TILESMITH_VERIFY", "on", _verify,
+            "Production verification of installed wrappers in the user's process (docs/verification.md): a "
+            "checked call also runs the original Inductor wrapper on copies of its inputs and compares outputs "
+            "with the gate's tolerances, RNG use and the process's OS threads; on a mismatch the graph is "
+            "uninstalled (that call returns the original's outputs) and its artifact quarantined. 'off', 'on' "
+            f"({VERIFY_DEFAULT}) or fields first=, every=, budget=, interval= (seconds), threads=."),
     Setting("TILESMITH_GATE_RUN_TIMEOUT_S", "120", _positive_float,
             "Seconds one gate check or timing request may take once the candidate is loaded (extended "
             "automatically for graphs whose original call is slow); past it the worker is killed and the "

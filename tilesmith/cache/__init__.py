@@ -7,7 +7,7 @@ Importing this package does not import torch.
 """
 
 from tilesmith.cache.artifact import Artifact, environment_snapshot, reports_from_track
-from tilesmith.cache.store import ArtifactStore, CacheEntry, CacheProblem, PruneResult
+from tilesmith.cache.store import ArtifactStore, CacheEntry, CacheProblem, PruneResult, QuarantineEntry, source_sha256
 
-__all__ = ["Artifact", "ArtifactStore", "CacheEntry", "CacheProblem", "PruneResult", "environment_snapshot",
-           "reports_from_track"]
+__all__ = ["Artifact", "ArtifactStore", "CacheEntry", "CacheProblem", "PruneResult", "QuarantineEntry",
+           "environment_snapshot", "reports_from_track", "source_sha256"]

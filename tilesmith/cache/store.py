@@ -21,7 +21,16 @@ Problems never raise into the caller (a model call): :meth:`ArtifactStore.get` a
 * ``cache_unsupported_fs``: ``put`` found the store on a filesystem without an atomic, exclusive folder
   rename (an object-store mount); nothing is written there.
 
+* ``cache_quarantined``: the entry's wrapper was quarantined (production verification caught it computing
+  wrong results after install, :mod:`tilesmith.install.verify`); it is never served or stored again.
+
 ``get(key, strict=True)`` raises :class:`CacheProblem` instead, for tools that want an exception.
+
+Quarantine: :meth:`ArtifactStore.quarantine` moves an entry out of the serving tree to
+``<root>/artifacts/.quarantine/<key>/<sha256(wrapper)[:16]>/`` (one ``os.rename``; ``entry/`` holds the moved
+files, ``quarantine.json`` the reason) and records the wrapper's SHA-256, so neither ``get`` nor ``put`` accepts
+that wrapper for that key again; another wrapper for the same key (a later optimization) is stored normally.
+``prune`` never deletes quarantine records.
 """
 
 from __future__ import annotations
@@ -40,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from tilesmith import settings
-from tilesmith.cache._atomic import fsync_dir, write_file_durable, write_json_atomic
+from tilesmith.cache._atomic import fsync_dir, write_bytes_atomic, write_file_durable, write_json_atomic
 from tilesmith.cache.fs import check as check_fs
 from tilesmith.cache.artifact import (
     MANIFEST,
@@ -56,6 +65,10 @@ from tilesmith.errors import TilesmithError
 from tilesmith.records import Diagnostic
 
 log = logging.getLogger("tilesmith.cache")
+
+QUARANTINE_DIR = ".quarantine"
+"""Folder under ``artifacts/`` that holds quarantined entries (skipped by listing and pruning)."""
+QUARANTINE_RECORD = "quarantine.json"
 
 STALE_TEMP_S = 3600.0
 """Age (seconds) after which a leftover ``.tmp-*`` folder (a writer killed mid-put) is removed by prune."""
@@ -88,6 +101,28 @@ class CacheEntry:
     def age_s(self, now: float | None = None) -> float:
         """Seconds since the last hit or write."""
         return max(0.0, (time.time() if now is None else now) - self.last_used_s)
+
+
+@dataclass(frozen=True)
+class QuarantineEntry:
+    """One quarantined wrapper as listed by :meth:`ArtifactStore.quarantined`."""
+
+    key: str
+    path: Path
+    source_sha256: str
+    reason: str
+    created_utc: str
+    graph_name: str
+    run_id: str | None
+    moved_entry: bool
+    """True when a stored entry with this wrapper was moved here (else only the record and the wrapper)."""
+
+
+def source_sha256(source: str) -> str:
+    """SHA-256 (hex) of a wrapper source as stored (UTF-8): what quarantine records identify a wrapper by."""
+    import hashlib
+
+    return hashlib.sha256(source.encode("utf-8")).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -182,6 +217,11 @@ class ArtifactStore:
             msg = (f"artifact cache entry {key[:12]} at {entry} could not be read ({exc}); continuing without "
                    f"the cache. Remedy: make {self.dir} readable or point TILESMITH_CACHE_DIR elsewhere.")
             return self._fail(strict, "cache_unavailable", key, msg)
+        if self.is_quarantined(key, artifact.source):
+            msg = (f"artifact cache entry {key[:12]} holds a wrapper that was quarantined after it failed "
+                   f"production verification; it is not served. Remedy: none needed, the graph is optimized "
+                   f"normally (`tilesmith cache` lists quarantined wrappers).")
+            return self._fail(strict, "cache_quarantined", key, msg)
         try:
             os.utime(entry / MANIFEST)
         except OSError:
@@ -209,6 +249,11 @@ class ArtifactStore:
         """
         entry = self.path(key)
         if not self.enabled:
+            return None
+        if self.is_quarantined(key, artifact.source):
+            self._problem("cache_quarantined", key,
+                          f"not storing the wrapper of graph {key[:12]}: this exact wrapper was quarantined after "
+                          f"it failed production verification (see `tilesmith cache`).")
             return None
         fs = check_fs(self.root)
         if not fs.supported:
@@ -325,6 +370,93 @@ class ArtifactStore:
                           f"writable or set TILESMITH_CACHE_DIR to a writable folder.")
             return None
         return path
+
+    # -- quarantine -------------------------------------------------------------------------------------
+    def _quarantine_dir(self, key: str, sha: str) -> Path:
+        return self.dir / QUARANTINE_DIR / check_key(key) / sha[:16]
+
+    def is_quarantined(self, key: str, source: str) -> bool:
+        """True when wrapper ``source`` was quarantined for ``key`` (``False`` when the store is disabled)."""
+        if not self.enabled:
+            return False
+        try:
+            return (self._quarantine_dir(key, source_sha256(source)) / QUARANTINE_RECORD).is_file()
+        except OSError:
+            return False
+
+    def quarantine(self, key: str, *, source: str, reason: str, graph_name: str = "",
+                   run_id: str | None = None) -> Path | None:
+        """Take wrapper ``source`` of ``key`` out of service for good; return the quarantine folder.
+
+        A stored entry holding exactly this wrapper is moved (one ``os.rename``, so a concurrent reader sees
+        the entry or a miss) to ``<quarantine folder>/entry``; an entry holding another wrapper is left alone.
+        ``quarantine.json`` records ``reason``, the time, the graph, the run and the wrapper's SHA-256 (the
+        wrapper itself is kept as ``wrapper.py`` for inspection). Idempotent. Returns ``None`` (and records
+        ``cache_unavailable``) when the record could not be written, or when the store is disabled.
+
+        Raises:
+            ValueError: ``key`` is not 64 lower-case hex characters.
+        """
+        entry = self.path(key)
+        if not self.enabled:
+            return None
+        sha = source_sha256(source)
+        target = self._quarantine_dir(key, sha)
+        try:
+            target.mkdir(parents=True, exist_ok=True)
+            moved = (target / "entry").is_dir()
+            if _holds(entry, sha):
+                try:
+                    if moved:
+                        raise FileExistsError(errno.EEXIST, "already quarantined")
+                    os.rename(entry, target / "entry")
+                    moved = True
+                except FileNotFoundError:
+                    pass  # removed or moved concurrently
+                except OSError as exc:
+                    if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                        raise
+                    self.remove(key)  # quarantined before (another process): just take it out of service
+            if (target / QUARANTINE_RECORD).is_file():
+                return target  # quarantined before: the first record (and its reason) stays
+            write_bytes_atomic(target / "wrapper.py", source.encode("utf-8"))
+            write_json_atomic(target / QUARANTINE_RECORD, {
+                "format": 1, "key": key, "source_sha256": sha, "reason": reason, "graph_name": graph_name,
+                "run_id": run_id, "created_utc": _utc_now(), "moved_entry": moved})
+        except OSError as exc:
+            self._problem("cache_unavailable", key,
+                          f"could not quarantine the wrapper of graph {key[:12]} in {self.dir} "
+                          f"({exc.strerror or exc}); it may be served again from the cache. Remedy: make the "
+                          f"folder writable, or delete the entry with `tilesmith cache prune --max-size 0`.")
+            return None
+        return target
+
+    def quarantined(self) -> list[QuarantineEntry]:
+        """Every quarantine record, newest first (unreadable records are listed with reason ``unreadable``)."""
+        out: list[QuarantineEntry] = []
+        base = self.dir / QUARANTINE_DIR
+        if not base.is_dir():
+            return out
+        for key_dir in sorted(base.iterdir()):
+            if not _is_key_dirname(key_dir.name) or not key_dir.is_dir():
+                continue
+            for item in sorted(key_dir.iterdir()):
+                record = item / QUARANTINE_RECORD
+                try:
+                    doc = json.loads(record.read_text(encoding="utf-8"))
+                    if not isinstance(doc, dict):
+                        raise ValueError("not a JSON object")
+                except FileNotFoundError:
+                    continue
+                except (OSError, ValueError) as exc:
+                    doc = {"reason": f"unreadable: {exc}"}
+                out.append(QuarantineEntry(
+                    key=key_dir.name, path=item, source_sha256=str(doc.get("source_sha256", "")),
+                    reason=str(doc.get("reason", "")), created_utc=str(doc.get("created_utc", "")),
+                    graph_name=str(doc.get("graph_name", "")), run_id=doc.get("run_id"),
+                    moved_entry=bool(doc.get("moved_entry"))))
+        out.sort(key=lambda q: q.created_utc, reverse=True)
+        return out
 
     # -- listing and pruning ----------------------------------------------------------------------------
     def entries(self, *, verify: bool = False) -> list[CacheEntry]:
@@ -448,6 +580,16 @@ class ArtifactStore:
                     except FileNotFoundError:
                         pass
         return out
+
+
+def _holds(entry: Path, sha: str) -> bool:
+    """True when the entry folder's ``wrapper.py`` has SHA-256 ``sha``."""
+    import hashlib
+
+    try:
+        return hashlib.sha256((entry / "wrapper.py").read_bytes()).hexdigest() == sha
+    except FileNotFoundError:
+        return False
 
 
 def _replace(artifact: Artifact, **changes: Any) -> Artifact:

@@ -101,6 +101,10 @@ def _write_track(t: TrackData, out: TextIO, *, detailed: bool, diagnostics: list
     out.write(f"  loops accepted {loops}  turns {d.get('turns', '-')}  evaluations {len(evals)}\n")
     for problem in t.problems:
         out.write(f"  problem: {problem}\n")
+    ver = d.get("verification")
+    if isinstance(ver, dict):
+        out.write(f"  uninstalled by production verification on call {ver.get('failed_call', '?')} since install "
+                  f"({ver.get('check', '?')}): {str(ver.get('detail', ''))[:300]}\n")
     bench = t.benchmark
     if bench:
         floor = number(bench.get("roofline_floor_ms"))
@@ -150,13 +154,19 @@ def cmd_cache_list(root: Path, out: TextIO, *, verify: bool = False, as_json: bo
 
     store = ArtifactStore(root, enabled=True)
     entries = store.entries(verify=verify)
+    quarantined = store.quarantined()
     now = time.time()
     if as_json:
         json.dump([{"key": e.key, "path": str(e.path), "graph_name": e.graph_name, "speedup": e.speedup,
                     "size_bytes": e.size_bytes, "created_utc": e.created_utc, "age_s": e.age_s(now),
-                    "valid": e.valid, "problem": e.problem} for e in entries], out, indent=2)
+                    "valid": e.valid, "problem": e.problem, "quarantined": False} for e in entries]
+                  + [{"key": q.key, "path": str(q.path), "graph_name": q.graph_name, "quarantined": True,
+                      "source_sha256": q.source_sha256, "reason": q.reason, "created_utc": q.created_utc,
+                      "run_id": q.run_id} for q in quarantined], out, indent=2)
         out.write("\n")
         return 0
+    if quarantined:
+        _write_quarantined(quarantined, out)
     if not entries:
         out.write(f"artifact cache {store.dir} is empty\n")
         return 0
@@ -173,6 +183,14 @@ def cmd_cache_list(root: Path, out: TextIO, *, verify: bool = False, as_json: bo
         out.write(f"{len(bad)} corrupted entr{'y' if len(bad) == 1 else 'ies'}: they are ignored; "
                   f"`tilesmith cache prune` deletes them\n")
     return 0
+
+
+def _write_quarantined(quarantined: list[Any], out: TextIO) -> None:
+    rows = [[q.key[:16], q.graph_name or "-", q.source_sha256[:12], q.created_utc or "-",
+             (q.reason[:90] + "…") if len(q.reason) > 90 else q.reason] for q in quarantined]
+    out.write(f"{len(quarantined)} quarantined wrapper{'s' if len(quarantined) != 1 else ''} (failed production "
+              "verification; never served again):\n")
+    out.write(fmt.table(["KEY", "GRAPH", "WRAPPER SHA", "QUARANTINED", "REASON"], rows) + "\n\n")
 
 
 def cmd_cache_prune(root: Path, out: TextIO, *, max_age: str | None, max_size: str | None,

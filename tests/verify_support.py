@@ -1,0 +1,163 @@
+"""Support for the production-verification tests: an accepting stand-in gate and candidate edits that turn an
+Inductor wrapper into a time bomb, a thread starter or an RNG thief *in the process that imports it*.
+
+The stand-in gate accepts every candidate at once (the real gate cannot see these bombs by construction: they are
+honest for longer than any finite test); what is under test is what happens after install, in the user's process.
+Every edit rebinds the module's ``call`` after Inductor's ``call = runner.call`` line, so the candidate keeps the
+boxed-call ABI (it receives the argument list and Inductor's ``call`` clears it).
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+_ANCHOR = "recursively_apply_fns = runner.recursively_apply_fns\n"
+
+
+class AcceptingGate:
+    """Stands in for :class:`tilesmith.gate.Gate`: every candidate accepted at a 2× host-clock speedup."""
+
+    def __init__(self, problem, **_):
+        self.problem = problem
+        self.evaluated = []
+
+    def _verdict(self, candidate):
+        from tilesmith.records import Timing, Verdict
+
+        timing = Timing(method="host_clock", calls_per_sample=1, baseline_ms=(2.0,) * 5, candidate_ms=(1.0,) * 5,
+                        speedup=2.0, ci_low=1.9, ci_high=2.1)
+        self.evaluated.append(candidate)
+        return Verdict(accepted=True, status="accepted", reasons=("stand-in gate",), timing=timing,
+                       confirmation=timing, evaluation_id=f"e{len(self.evaluated):04d}")
+
+    def evaluate(self, candidate, incumbent=None):
+        return self._verdict(candidate)
+
+    def recheck(self, candidate):
+        return self._verdict(candidate)
+
+    def close(self):
+        pass
+
+
+def rebind_call(body: str, prelude: str = ""):
+    """An edit that wraps Inductor's ``call``: ``body`` is the new ``call(args)``'s body, where ``_inner(args)``
+    is Inductor's call; ``prelude`` is module-level code placed before it."""
+    code = textwrap.dedent(prelude) + "\n_inner = call\n\ndef call(args):\n" + textwrap.indent(
+        textwrap.dedent(body), "    ") + "\n"
+
+    def edit(text: str) -> str:
+        assert _ANCHOR in text, "no 'recursively_apply_fns = runner...' line in the wrapper"
+        return text.replace(_ANCHOR, _ANCHOR + code, 1)
+
+    return edit
+
+
+def honest():
+    """A harmless rebinding (changes the text, not the results)."""
+    return rebind_call("return _inner(args)")
+
+
+def count_bomb_closure(limit: int):
+    """Honest for ``limit`` calls after import (a counter in a closure), then every output is ``0.5·x + 1``."""
+    return rebind_call("return _tick(args)", prelude=f"""
+        def _make(inner_of):
+            n = 0
+            def tick(args):
+                nonlocal n
+                n += 1
+                out = inner_of()(args)
+                if n > {limit}:
+                    out = tuple(t * 0.5 + 1.0 for t in out)
+                return out
+            return tick
+        _tick = _make(lambda: _inner)
+        """)
+
+
+def count_bomb_itertools(limit: int):
+    """The same bomb, counting with ``itertools.count`` at module level and corrupting one element in place."""
+    return rebind_call(f"""
+        out = _inner(args)
+        if next(_calls) >= {limit}:
+            out[0].view(-1)[0].add_(1000.0)
+        return out
+        """, prelude="import itertools\n_calls = itertools.count()\n")
+
+
+def time_bomb_monotonic(seconds: float):
+    """Honest for ``seconds`` after import (``time.monotonic``), then the outputs are scaled by 3."""
+    return rebind_call(f"""
+        out = _inner(args)
+        if time.monotonic() - _born > {seconds}:
+            for t in out:
+                t.mul_(3.0)
+        return out
+        """, prelude="import time\n_born = time.monotonic()\n")
+
+
+def time_bomb_perf_counter(seconds: float):
+    """The same bomb keyed on ``time.perf_counter`` with the birth time stored on a function attribute and the
+    outputs replaced by zeros of the same layout."""
+    return rebind_call(f"""
+        out = _inner(args)
+        if _perf() - _perf.born > {seconds}:
+            out = tuple(torch.zeros_like(t) for t in out)
+        return out
+        """, prelude="from time import perf_counter as _perf_impl\n\ndef _perf():\n    return _perf_impl()\n\n"
+                     "_perf.born = _perf()\n")
+
+
+def thread_starter_threading(at_call: int, seconds: float = 4.0):
+    """Results always right; at call ``at_call`` after import it starts a ``threading`` thread that just sleeps."""
+    return rebind_call(f"""
+        _n[0] += 1
+        if _n[0] == {at_call}:
+            threading.Thread(target=time.sleep, args=({seconds},), daemon=True).start()
+        return _inner(args)
+        """, prelude="import threading, time\n_n = [0]\n")
+
+
+def thread_starter_low_level(at_call: int, seconds: float = 4.0):
+    """The same through ``_thread.start_new_thread`` (invisible to ``threading.enumerate``)."""
+    return rebind_call(f"""
+        _n[0] += 1
+        if _n[0] == {at_call}:
+            _thread.start_new_thread(time.sleep, ({seconds},))
+        return _inner(args)
+        """, prelude="import _thread, time\n_n = [0]\n")
+
+
+def rng_thief(at_call: int):
+    """Results always right; from call ``at_call`` on it also draws one random number from the CPU generator
+    after computing them (so only the generator's state, and every later random number of the user, differ)."""
+    return rebind_call(f"""
+        _n[0] += 1
+        out = _inner(args)
+        if _n[0] >= {at_call}:
+            torch.rand(1)
+        return out
+        """, prelude="_n = [0]\n")
+
+
+def raises_after(limit: int):
+    """Raises ``RuntimeError`` on every call after ``limit`` calls (after taking its arguments)."""
+    return rebind_call(f"""
+        _n[0] += 1
+        if _n[0] > {limit}:
+            args.clear()
+            raise RuntimeError("kernel launch failed (injected)")
+        return _inner(args)
+        """, prelude="_n = [0]\n")
+
+
+def precision_bomb(limit: int):
+    """Honest for ``limit`` calls, then every output rounded through bfloat16 (a silent precision downgrade)."""
+    return rebind_call(f"""
+        _n[0] += 1
+        out = _inner(args)
+        if _n[0] > {limit}:
+            for t in out:
+                t.copy_(t.bfloat16().float())
+        return out
+        """, prelude="_n = [0]\n")

@@ -1,0 +1,573 @@
+"""Production verification: installed wrappers are shadow-checked in the user's process (issue 15, item 4).
+
+:func:`guard` wraps the boxed callable that :func:`tilesmith.optimize.install` swaps in. An unchecked call costs a
+counter increment and one comparison. A *checked* call (the first ``first`` calls after install, then each call
+with probability ``1/every`` — raised so that checks cost about ``budget`` of the graph's own time — and the first
+call after ``interval`` seconds without a check; ``TILESMITH_VERIFY``, :class:`tilesmith.settings.VerifyPolicy`):
+
+1. takes copies of the call's inputs (before the installed wrapper runs: Inductor's ``call`` clears its argument
+   list and deletes inputs it no longer needs) and the CPU and device RNG states;
+2. runs the original Inductor callable on the copies, then puts the RNG states back, so both draw the same
+   random numbers (the gate requires identical random streams from the same seed, docs/gate.md);
+3. runs the installed wrapper on the caller's own tensors and argument list (a CUDA-graph candidate still sees
+   the addresses it pinned);
+4. compares, with the gate's functions and tolerances (:mod:`tilesmith.gate.compare`): output structure
+   (count, types, shapes, dtypes, devices, strides, aliasing), output values, inputs written in place (as the
+   original writes them; the others must be unchanged), the RNG states after both, and the process's OS threads
+   (:mod:`tilesmith.install.threads`). An elementwise value failure is judged once more against the original's
+   own rounding sensitivity on these inputs (the gate's high-magnitude rule), since real activations can be
+   larger than the gate's normal inputs; graphs that write inputs are judged elementwise only.
+
+On a mismatch (or an exception from the installed wrapper) the graph is uninstalled at once: the call returns the
+original's outputs (aliases of inputs mapped back to the caller's tensors, inputs restored, RNG states set as the
+original left them), the graph and its identical twins run on Inductor from then on, the artifact is quarantined
+in the cache (:meth:`tilesmith.cache.ArtifactStore.quarantine`), and a ``verification_failed`` diagnostic names
+the graph, the call number and what differed. Nothing raises into the user's call: a fault inside the judging
+itself serves the original's outputs too and uninstalls the graph without quarantine (``verification_error``:
+unjudged outputs are never returned); a check that cannot run (CUDA-graph capture in progress, too little free device memory for the copies) is skipped with one
+``verification_skipped`` diagnostic per reason. An exception from the wrapper on an *unchecked* call still
+uninstalls and quarantines it, but is re-raised: its inputs are consumed and no copy exists.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tilesmith import settings
+from tilesmith.gate.compare import check_values, compare_output, compare_structure, tolerance_for
+from tilesmith.install.shadow import (
+    PERTURB_ULPS,
+    is_oom,
+    output_facts,
+    perturbed,
+    rng_equal,
+    rng_restore,
+    rng_state,
+    same_bits,
+    tf32_in_effect,
+    to_caller,
+)
+from tilesmith.install.threads import ThreadCensus, warm_intra_op_pool
+from tilesmith.settings import VerifyPolicy
+from tilesmith.track.snapshot import copy_input
+
+log = logging.getLogger("tilesmith")
+
+MAX_GAP = 10_000_000
+"""Upper bound of the mean gap between sampled checks (calls), whatever the budget computes."""
+_NEVER = 1 << 62
+_EMA = 0.3
+"""Weight of the newest check in the running estimates of check cost and call time."""
+
+
+@dataclass(frozen=True)
+class Preparation:
+    """What :func:`prepare` recorded just before the candidate's import: the policy and the thread baseline."""
+
+    policy: VerifyPolicy
+    census: ThreadCensus | None
+
+
+def prepare() -> Preparation | None:
+    """Read ``TILESMITH_VERIFY`` and take the thread baseline; call it *before* importing the candidate.
+
+    Returns ``None`` when verification is off (``TILESMITH_VERIFY=off``) or the policy checks nothing. Starts
+    the verification clock thread first (so it is part of the baseline) and brings the intra-op pool to full size.
+
+    Raises:
+        SettingsError: ``TILESMITH_VERIFY`` is invalid (``tilesmith.compile`` checks it up front).
+    """
+    policy = settings.get("TILESMITH_VERIFY")
+    if policy is None or (policy.first == 0 and policy.every is None and policy.interval_s is None):
+        return None
+    own = _CLOCK.ensure_started() if policy.interval_s is not None else None
+    census = None
+    if policy.threads:
+        warm_intra_op_pool()
+        census = ThreadCensus(own=(own,) if own else ())
+    return Preparation(policy, census)
+
+
+def guard(run: Any, handle: Any, track: Any, fn: Any, module: Any, source: str,
+          prep: Preparation | None) -> Any:
+    """The callable to swap in for ``handle``: ``fn`` itself when ``prep`` is ``None``, else a verified entry.
+
+    ``run``: the :class:`~tilesmith.pipeline.LiveRun` (diagnostics, twins, benchmarks); ``track``: the graph's
+    track (its ``track.json`` records an uninstall) or ``None``; ``module``: the loaded wrapper (its file
+    attributes threads to it); ``source``: the installed wrapper text (what is quarantined).
+    """
+    if prep is None:
+        return fn
+    verifier = Verifier(run, handle, track, fn, module, source, prep)
+    state = verifier
+
+    def verified_call(args: list[Any]) -> Any:
+        state.calls += 1
+        if state.calls < state.next_check:
+            try:  # free unless it raises (zero-cost exception handling, Python >= 3.11)
+                return fn(args)
+            except Exception as exc:
+                if not state.unchecked_failure(exc, args):
+                    raise
+                return state.original(args)
+        return state.checked_call(args)
+
+    verified_call._boxed_call = True  # type: ignore[attr-defined]
+    verified_call._tilesmith_verifier = verifier  # type: ignore[attr-defined]
+    if prep.policy.interval_s is not None:
+        _CLOCK.add(verifier)
+    return verified_call
+
+
+def verifier_of(handle: Any) -> Verifier | None:
+    """The :class:`Verifier` of ``handle``'s installed callable, if it has one."""
+    return verifier_of_callable(getattr(handle.compiled, "current_callable", None))
+
+
+def verifier_of_callable(fn: Any) -> Verifier | None:
+    """The :class:`Verifier` behind a callable :func:`guard` returned (``None`` for any other callable)."""
+    return getattr(fn, "_tilesmith_verifier", None)
+
+
+def _copy(value: Any) -> Any:
+    return copy_input(value)
+
+
+@dataclass
+class _Problem:
+    check: str
+    detail: str
+
+
+class _Shadow:
+    """One checked call's copies, RNG states and the original's outputs."""
+
+    __slots__ = ("real", "copies", "pre_rng", "post_rng", "outputs")
+
+    def __init__(self, real: list[Any], copies: list[Any]):
+        self.real, self.copies = real, copies
+        self.pre_rng: Any = None
+        self.post_rng: Any = None
+        self.outputs: Any = None
+
+
+class Verifier:
+    """Counters, schedule and checks of one installed graph (lives in the user's process).
+
+    Read-only for callers: ``calls`` (calls since install), ``checks`` (passed checks), ``skipped``,
+    ``failed`` (True once uninstalled), ``gap`` (current mean gap between sampled checks, calls),
+    ``check_cost_s`` / ``call_s`` / ``spacing_s`` (running estimates: seconds a check adds, seconds the wrapper
+    takes on a checked call, wall seconds per call between checks).
+    """
+
+    def __init__(self, run: Any, handle: Any, track: Any, fn: Any, module: Any, source: str, prep: Preparation):
+        self.run, self.handle, self.track, self.fn, self.source = run, handle, track, fn, source
+        self.policy, self.census = prep.policy, prep.census
+        self.original = handle.original
+        self.key, self.label, self.graph_name = handle.key, handle.label, handle.graph.name
+        self.mutated = tuple(handle.graph.mutated_input_idxs)
+        self.device = torch.device(handle.graph.device)
+        self.tf32 = tf32_in_effect(self.device, source)
+        self.module = module
+        file = getattr(module, "__file__", None)
+        self.wrapper_files = (file,) if file else ()
+        self.calls = 0
+        self.checks = 0
+        self.skipped = 0
+        self.failed = False
+        self.gap = float(self.policy.every or 0)
+        self.check_cost_s: float | None = None
+        self.call_s: float | None = None
+        self.spacing_s: float | None = None
+        self._last_end, self._last_n = time.perf_counter(), 0
+        self.last_check_at = time.monotonic()
+        self.timed_pending = False
+        self._said: set[str] = set()
+        self._lock = threading.Lock()
+        self._rng = random.Random(int.from_bytes(os.urandom(8), "little"))
+        self.next_check = 1 if self.policy.first > 0 else self._sampled_next(0)
+
+    # -- schedule -----------------------------------------------------------------------------------------
+    def _sampled_next(self, n: int) -> int:
+        """Call number of the next sampled check after call ``n``: a geometric gap of mean ``self.gap``."""
+        if self.policy.every is None:
+            return _NEVER
+        if self.gap <= 1:
+            return n + 1
+        u = self._rng.random()
+        return n + 1 + int(math.log1p(-u) / math.log1p(-1.0 / self.gap))
+
+    def _reschedule(self, n: int, cost_s: float | None, call_s: float | None) -> None:
+        if cost_s is not None and call_s is not None:
+            self.check_cost_s = _ema(self.check_cost_s, cost_s)
+            self.call_s = _ema(self.call_s, call_s)
+        every, budget = self.policy.every, self.policy.budget
+        if every is not None:
+            gap = float(every)
+            own = self.graph_time_s()
+            if budget is not None and self.check_cost_s is not None and own:
+                gap = max(gap, self.check_cost_s / (budget * own))
+            self.gap = min(gap, float(MAX_GAP))
+        self.last_check_at = time.monotonic()
+        self._last_end, self._last_n = time.perf_counter(), n
+        self.timed_pending = False
+        self.next_check = n + 1 if n < self.policy.first else self._sampled_next(n)
+        if self.policy.interval_s is not None:
+            _CLOCK.poke()
+
+    def graph_time_s(self) -> float | None:
+        """Estimated seconds of this graph's own time per call: the smaller of the wrapper's time measured on
+        checked calls (an overestimate for tiny graphs: a rare check finds cold caches) and the wall time per call
+        between checks (an overestimate when the program does other work between calls)."""
+        known = [t for t in (self.call_s, self.spacing_s) if t]
+        return min(known) if known else None
+
+    def _note_spacing(self, n: int, started: float) -> None:
+        between = n - self._last_n - 1  # unchecked calls since the previous check ended
+        if between >= 8:
+            self.spacing_s = _ema(self.spacing_s, (started - self._last_end) / between)
+
+    # -- the checked call ---------------------------------------------------------------------------------
+    def checked_call(self, args: list[Any]) -> Any:
+        """Run one call with a shadow check (or route it to the original once uninstalled)."""
+        if self.failed:
+            return self.original(args)
+        if not self._lock.acquire(blocking=False):
+            return self.fn(args)  # another thread is checking this graph right now
+        try:
+            return self._check(args)
+        finally:
+            self._lock.release()
+
+    def unchecked_failure(self, exc: Exception, args: list[Any]) -> bool:
+        """The installed wrapper raised on an unchecked call: uninstall it (unless out of memory, which the
+        original would likely hit too). True when the call can be served by the original instead (the argument
+        list was not consumed yet); else the caller re-raises."""
+        if is_oom(exc) or self.failed:
+            return False
+        try:
+            self.uninstall(self.calls, _Problem("crash", f"the installed wrapper raised {type(exc).__name__}: "
+                                                         f"{exc} on an unchecked call"))
+        except Exception:  # noqa: BLE001
+            log.exception("tilesmith: uninstalling graph %s failed", self.label)
+        return bool(args)
+
+    def _check(self, args: list[Any]) -> Any:
+        n = self.calls
+        started = time.perf_counter()
+        self._note_spacing(n, started)
+        try:
+            skip = self._skip_reason(args)
+            shadow = None if skip else self._shadow(args)
+        except Exception as exc:  # noqa: BLE001 - e.g. out of memory for the copies: skip this check
+            skip, shadow = ("prepare", f"preparing the check failed ({type(exc).__name__}: {exc})"), None
+        if shadow is None:
+            self.skipped += 1
+            self._say("verification_skipped", f"graph {self.label}: a production check was skipped on call {n} "
+                      f"since install: {skip[1]}. The installed wrapper served the call unchecked (reported once "
+                      "per reason).", skip[0])
+            self._reschedule(n, None, None)
+            return self.fn(args)
+        t0 = time.perf_counter()
+        try:
+            outputs = self.fn(args)
+            self._sync()
+        except Exception as exc:  # noqa: BLE001 - the wrapper's failure, not the user's
+            if is_oom(exc):
+                self.skipped += 1
+                self._say("verification_skipped", f"graph {self.label}: the installed wrapper ran out of memory "
+                          f"on checked call {n} (the check's copies use memory too); this call returned the "
+                          "original's outputs.", "oom")
+                self._reschedule(n, None, None)
+                return self._serve_original(shadow, None)
+            return self._fail(n, shadow, None, _Problem("crash", f"the installed wrapper raised "
+                                                                 f"{type(exc).__name__}: {exc}"))
+        call_s = time.perf_counter() - t0
+        try:
+            problem = self._judge(n, shadow, outputs)
+        except Exception as exc:  # noqa: BLE001 - a bug in the check must not reach the user
+            return self._internal(n, shadow, exc)
+        if problem is not None:
+            return self._fail(n, shadow, outputs, problem)
+        self.checks += 1
+        self._reschedule(n, time.perf_counter() - started - call_s, call_s)
+        return outputs
+
+    def _skip_reason(self, args: list[Any]) -> tuple[str, str] | None:
+        """``(category, text)`` when this call cannot be checked, else ``None``."""
+        if self.device.type != "cuda":
+            return None
+        if torch.cuda.is_current_stream_capturing():
+            return "capture", "a CUDA graph is being captured on the current stream (a check synchronizes)"
+        need = 2 * sum(a.untyped_storage().nbytes() for a in args if isinstance(a, torch.Tensor))
+        free, _ = torch.cuda.mem_get_info(self.device)
+        cached = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+        if need > free + cached:
+            return "memory", (f"the input copies and outputs need about {need / 2**20:.0f} MiB and only "
+                              f"{(free + cached) / 2**20:.0f} MiB of device memory is free")
+        return None
+
+    def _shadow(self, args: list[Any]) -> _Shadow:
+        real = list(args)
+        shadow = _Shadow(real, [_copy(a) for a in real])
+        shadow.pre_rng = rng_state(self.device)
+        try:
+            shadow.outputs = self.original(list(shadow.copies))
+        except BaseException:
+            rng_restore(shadow.pre_rng, self.device)  # the wrapper then serves the call unchecked
+            raise
+        shadow.post_rng = rng_state(self.device)
+        if not rng_equal(shadow.pre_rng, shadow.post_rng):
+            rng_restore(shadow.pre_rng, self.device)  # the wrapper draws the same numbers as the original did
+        self._sync()
+        return shadow
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+
+    # -- judging ------------------------------------------------------------------------------------------
+    def _judge(self, n: int, shadow: _Shadow, outputs: Any) -> _Problem | None:
+        where = f"production call {n} since install"
+        with torch.no_grad():
+            expected = shadow.outputs
+            structure = compare_structure(output_facts(expected, shadow.copies), output_facts(outputs, shadow.real),
+                                          where=where, variant=None)
+            if structure:
+                return _Problem(structure[0].check, structure[0].message)
+            noise: list[Any] | None = None
+            for i, (e, g) in enumerate(zip(expected, outputs)):
+                if not isinstance(e, torch.Tensor) or torch.equal(e, g):
+                    continue  # bitwise equal (and NaN-free) passes every tolerance: one pass instead of ~20
+                failure = compare_output(i, e, g, variant="production", tf32=self.tf32, poison_byte=None,
+                                         others={}, where=where)
+                if failure is None:
+                    continue
+                if failure.check in ("value_mismatch", "precision_loss") and e.is_floating_point() \
+                        and not self.mutated:
+                    noise = self._noise(shadow) if noise is None else noise
+                    if noise[i] is not None and check_values(e, g, tolerance_for(e.dtype, self.tf32), None,
+                                                             False, noise[i]) is None:
+                        continue
+                    failure_text = failure.message + (" It also exceeds the original's own rounding sensitivity "
+                                                      "on these inputs (measured with inputs perturbed by "
+                                                      f"{PERTURB_ULPS} ulps, ×16).")
+                else:
+                    failure_text = failure.message
+                return _Problem(failure.check, failure_text)
+            written = self._inputs_problem(shadow)
+            if written is not None:
+                return written
+        if not rng_equal(rng_state(self.device), shadow.post_rng):
+            return _Problem("rng_state", "the random-number generator state after the installed wrapper differs "
+                                         "from the state after the original on the same starting state: it "
+                                         "draws different random numbers or a different amount of them")
+        if self.census is not None:
+            threads = self.census.unexplained(self.wrapper_files)
+            if threads:
+                return _Problem("thread_count", f"{len(threads)} new OS thread(s) since install "
+                                                f"({len(self.census.baseline)} at install): " + "; ".join(threads[:4]))
+        return None
+
+    def _inputs_problem(self, shadow: _Shadow) -> _Problem | None:
+        for j, (r, c) in enumerate(zip(shadow.real, shadow.copies)):
+            if not isinstance(r, torch.Tensor) or not isinstance(c, torch.Tensor) or r is c:
+                continue
+            if j in self.mutated:
+                report = check_values(c, r, tolerance_for(c.dtype, self.tf32))
+                if report is not None:
+                    return _Problem("input_mutation", f"input {j} ({str(c.dtype).removeprefix('torch.')} "
+                                    f"{list(c.shape)}), which the graph writes in place, holds other values than "
+                                    f"the original writes: {report.count} of {report.total} elements differ, first "
+                                    f"at {list(report.worst_index)}: expected {report.expected}, got {report.got} "
+                                    f"({report.detail})")
+            elif not same_bits(r, c):
+                return _Problem("input_mutated", f"input {j} ({str(c.dtype).removeprefix('torch.')} "
+                                f"{list(c.shape)}) was changed by the installed wrapper; the original only reads it")
+        return None
+
+    def _noise(self, shadow: _Shadow) -> list[Any]:
+        """``|original(perturbed inputs) − original(inputs)|`` per output (``None`` where not computable)."""
+        inputs = [perturbed(c) for c in shadow.copies]
+        now = rng_state(self.device)
+        rng_restore(shadow.pre_rng, self.device)
+        try:
+            again = self.original(inputs)
+        finally:
+            rng_restore(now, self.device)
+        return [(a.double() - e.double()).abs() if isinstance(e, torch.Tensor) and isinstance(a, torch.Tensor)
+                and a.shape == e.shape and e.is_floating_point() else None for e, a in zip(shadow.outputs, again)]
+
+    # -- failure ------------------------------------------------------------------------------------------
+    def _serve_original(self, shadow: _Shadow, outputs: Any) -> Any:
+        """The original's outputs for this call, with the caller's inputs and RNG states as the original leaves
+        them."""
+        with torch.no_grad():
+            for j, (r, c) in enumerate(zip(shadow.real, shadow.copies)):
+                if isinstance(r, torch.Tensor) and isinstance(c, torch.Tensor) and r is not c and \
+                        (j in self.mutated or not same_bits(r, c)):
+                    try:
+                        r.copy_(c)
+                    except RuntimeError:  # e.g. an expanded (overlapping) input
+                        log.warning("tilesmith: could not restore input %d of graph %s", j, self.label)
+        rng_restore(shadow.post_rng, self.device)
+        result = [to_caller(o, shadow) for o in shadow.outputs]
+        return type(shadow.outputs)(result) if isinstance(shadow.outputs, tuple) else result
+
+    def _fail(self, n: int, shadow: _Shadow, outputs: Any, problem: _Problem) -> Any:
+        result = self._serve_original(shadow, outputs)
+        try:
+            self.uninstall(n, problem)
+        except Exception:  # noqa: BLE001 - the user's call still gets the original's outputs
+            log.exception("tilesmith: uninstalling graph %s failed", self.label)
+        return result
+
+    def uninstall(self, n: int, problem: _Problem, *, quarantine: bool = True) -> None:
+        """Put the original back for this graph and its twins, quarantine the artifact, record the diagnostic
+        (``verification_error`` instead of ``verification_failed`` when ``quarantine`` is False: a fault of the
+        check itself)."""
+        from tilesmith.install.loader import swap
+
+        self.failed, self.next_check = True, 0
+        run = self.run
+        for h in list(getattr(run, "handles", [])) or [self.handle]:
+            other = verifier_of(h)
+            if h is self.handle or (h.key == self.key and other is not None and other.source == self.source):
+                swap(h.compiled, h.original)
+                h.state = "uninstalled"
+                if other is not None:
+                    other.failed, other.next_check = True, 0
+        with run._lock:
+            run.benchmarks[:] = [b for b in run.benchmarks if b.graph_key != self.key]
+        if quarantine:
+            where = self._quarantine(n, problem)
+            remedy = (" If these threads are your program's own, set TILESMITH_VERIFY=threads=off "
+                      "(docs/verification.md)." if problem.check == "thread_count" else "")
+            kind, head = "verification_failed", f"production verification failed on call {n} since install"
+        else:
+            kind, head = "verification_error", f"the production check of call {n} since install failed inside Tilesmith"
+            where, remedy = "The artifact is not quarantined.", " Please report this with the run folder."
+        message = (f"graph {self.label}: {head} ({problem.check}: {problem.detail}). The graph is uninstalled: this "
+                   f"call returned the original Inductor wrapper's outputs and every later call runs on Inductor. "
+                   f"{where}{remedy}")
+        log.warning("tilesmith: %s", message)
+        run.diagnose(kind, message, self.key, self.graph_name)
+        if self.track is not None:
+            self.track.update(status="uninstalled", verification={
+                "failed_call": n, "check": problem.check, "detail": problem.detail, "checks_passed": self.checks})
+
+    def _quarantine(self, n: int, problem: _Problem) -> str:
+        from tilesmith.cache import ArtifactStore
+
+        try:
+            store = ArtifactStore(settings.cache_root())
+            path = store.quarantine(self.key, source=self.source, graph_name=self.graph_name,
+                                    run_id=getattr(self.run, "run_id", None),
+                                    reason=f"production call {n}: {problem.check}: {problem.detail}"[:2000])
+            for diag in store.take_problems():
+                self.run.record_diagnostic(diag)
+        except Exception as exc:  # noqa: BLE001
+            return f"Quarantining artifact {self.key[:12]} failed ({exc}); it may be served again."
+        if path is None:
+            return (f"Artifact {self.key[:12]} is not quarantined: the artifact cache is off "
+                    "(TILESMITH_ARTIFACT_CACHE=0) or could not be written.")
+        return f"Artifact {self.key[:12]} is quarantined ({path}) and will not be served again."
+
+    # -- diagnostics --------------------------------------------------------------------------------------
+    def _say(self, kind: str, message: str, reason: str) -> None:
+        if reason in self._said:
+            return
+        self._said.add(reason)
+        try:
+            self.run.diagnose(kind, message, self.key, self.graph_name)
+        except Exception:  # noqa: BLE001
+            log.debug("tilesmith: could not record %s", kind, exc_info=True)
+
+    def _internal(self, n: int, shadow: _Shadow, exc: BaseException) -> Any:
+        """Judging failed inside Tilesmith: the outputs are unjudged, so the call gets the original's (correct by
+        construction) and the graph runs on Inductor from now on; the artifact is not quarantined."""
+        log.exception("tilesmith: production check of graph %s failed internally", self.label)
+        result = self._serve_original(shadow, None)
+        try:
+            self.uninstall(n, _Problem("internal_error", f"{type(exc).__name__}: {exc}"), quarantine=False)
+        except Exception:  # noqa: BLE001
+            log.exception("tilesmith: uninstalling graph %s failed", self.label)
+        return result
+
+
+def _ema(old: float | None, new: float) -> float:
+    return new if old is None else (1 - _EMA) * old + _EMA * new
+
+
+# -- the clock: arms the timed check --------------------------------------------------------------------------
+class _Clock:
+    """One daemon thread (``tilesmith-verify-clock``) that makes the next call of a graph a checked one when
+    ``interval`` seconds passed since its last check. It sleeps until the earliest such moment; a graph that is
+    not called then keeps its check pending (the clock does not wake for it again until that check ran)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._states: weakref.WeakSet[Verifier] = weakref.WeakSet()
+        self._thread: threading.Thread | None = None
+
+    def ensure_started(self) -> int | None:
+        """Start the thread if needed; return its native id."""
+        with self._cond:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="tilesmith-verify-clock", daemon=True)
+                self._thread.start()
+            thread = self._thread
+        for _ in range(1000):  # native_id is set once the thread runs
+            if thread.native_id is not None:
+                break
+            time.sleep(0.001)
+        return thread.native_id
+
+    def add(self, state: Verifier) -> None:
+        with self._cond:
+            self._states.add(state)
+            self._cond.notify()
+
+    def poke(self) -> None:
+        """Wake the thread to recompute its sleep (after a check); restart it in a forked child."""
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="tilesmith-verify-clock", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                now = time.monotonic()
+                wait: float | None = None
+                for state in list(self._states):
+                    interval = state.policy.interval_s
+                    if state.failed or interval is None or state.timed_pending:
+                        continue
+                    due = state.last_check_at + interval
+                    if due <= now:
+                        state.timed_pending = True
+                        state.next_check = min(state.next_check, state.calls + 1)
+                    else:
+                        wait = due - now if wait is None else min(wait, due - now)
+                self._cond.wait(timeout=wait)
+
+    def after_fork(self) -> None:
+        self._cond = threading.Condition()
+        self._thread = None
+
+
+_CLOCK = _Clock()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_CLOCK.after_fork)
