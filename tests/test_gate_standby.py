@@ -125,8 +125,8 @@ def test_compile_starts_the_standby_and_the_first_gate_adopts_it(prestart_on, cp
     adopted = []
     real_adopt = standby.adopt
 
-    def spy(label):
-        worker = real_adopt(label)
+    def spy(label, *rest):
+        worker = real_adopt(label, *rest)
         adopted.append((label, worker))
         return worker
 

@@ -87,7 +87,8 @@ def compile(  # noqa: A001 - mirrors torch.compile on purpose
         if allow_cpu or torch.cuda.is_initialized():  # a graph may be eligible; CUDA state is left as it is
             from tilesmith.gate import standby
 
-            standby.prestart()  # its torch import overlaps with Dynamo's compile at the first call
+            # its torch import overlaps with Dynamo's compile at the first call
+            standby.prestart("cuda" if torch.cuda.is_initialized() else "cpu")
     _register(compiled, run)
     return compiled
 

@@ -182,9 +182,9 @@ class Gate:
         self._workers[:] = [w for w in self._workers if w.alive()]
         label = f"{self.label} {role} worker"
         # Before a cache template exists (the gate's first worker), a worker started ahead of need may be taken.
-        worker = standby.adopt(label) if self._template is None else None
+        worker = standby.adopt(label, self.device.type) if self._template is None else None
         if worker is None:
-            worker = WorkerProcess(Path(self.dir), label=label, template=self._template)
+            worker = WorkerProcess(Path(self.dir), label=label, template=self._template, device_type=self.device.type)
         self._workers.append(worker)
         worker.init_rid = worker.send(  # type: ignore[attr-defined]
             "init", device=str(self.device), flags=self.flags,

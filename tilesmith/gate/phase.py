@@ -19,7 +19,7 @@ import torch
 
 from tilesmith.gate import audit, checks, timing
 from tilesmith.gate.inputs import accumulates, make_variant, scale_ladder
-from tilesmith.gate.process import WorkerCrashed, WorkerProcess, WorkerProtocolError, WorkerTimedOut
+from tilesmith.gate.process import WorkerCrashed, WorkerProcess, WorkerProtocolError, WorkerTimedOut, process_cpu_ms
 from tilesmith.gate.reference import RefResult, write_inputs
 from tilesmith.records import CheckFailure, Timing
 
@@ -218,12 +218,15 @@ def _run(result: PhaseResult, worker: WorkerProcess, candidate_source: str, incu
     predicted_s = (cfg.pairs * len(arms) * (per_sample + 2.0) + 40 * cfg.ref_call_ms * len(arms)) / 1e3
     spot_path = worker.dir / f"{name_tag(result.name)}_spots.pt"
     cfg.quiesce()
+    cpu0 = process_cpu_ms(worker.pid)
     t0 = time.monotonic()
     answer = timing.run_samples(worker, sched, pool_files, target_ms=cfg.target_ms, max_sample_ms=cfg.max_sample_ms,
                                 flush=timing.flush_bytes(cfg.device), expected=cfg.expected,
                                 start_timeout_s=cfg.run_timeout_s + 3 * predicted_s,
                                 sample_timeout_s=cfg.run_timeout_s + 3 * per_sample / 1e3, spot_path=spot_path)
     host_wall_ms = (time.monotonic() - t0) * 1e3
+    cpu1 = process_cpu_ms(worker.pid)
+    host_cpu_ms = cpu1 - cpu0 if cpu0 is not None and cpu1 is not None else None
     rec["timing_spots"] = [list(p) for p in sched.picks]
     rec["timing_k_limits"] = answer.get("k_limits")
     rec["timing_static_inputs"] = list(sched.static)
@@ -238,7 +241,7 @@ def _run(result: PhaseResult, worker: WorkerProcess, candidate_source: str, incu
     rec["timing_raw"] = {k: answer.get(k) for k in ("calls_per_sample", "estimates_ms", "walls_ms", "method")}
     rec["timing_host_wall_ms"] = host_wall_ms
     result.failures += checks.global_failures(answer, "the timed calls")
-    inconsistent = timing.consistency_failure(answer, host_wall_ms)
+    inconsistent = timing.consistency_failure(answer, host_wall_ms, host_cpu_ms)
     if inconsistent:
         result.failures.append(inconsistent)
     result.failures += timing.spot_failures(answer, sched, pool_values, reference, refs["normal"], cfg.tf32,

@@ -59,7 +59,17 @@ class WorkerProtocolError(WorkerError):
 SECRET_NAME_PARTS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "COOKIE", "AUTH")
 
 
-def worker_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
+#: Thread settings of a CPU (test mode) worker, set at start (OpenMP and MKL read them when they load): one
+#: OpenMP/MKL thread, ``OMP_THREAD_LIMIT`` also capping Inductor's ``#pragma omp parallel num_threads(N)`` (N is
+#: the user process's thread count when the kernel was generated), idle threads sleeping instead of spinning.
+#: Why: CPU samples are the worker's CPU time (all threads), which threads spinning at a barrier while another
+#: thread of the same region waits for a core on a busy machine would inflate; and the trusted and the candidate
+#: worker then have the same thread count to compare (docs/gate.md, "Timing method").
+CPU_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+                  "OMP_THREAD_LIMIT": "1", "OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def worker_environment(environ: dict[str, str] | None = None, device_type: str = "cuda") -> dict[str, str]:
     """The environment a worker starts with: the host's, minus every secret and every TILESMITH_* setting.
 
     Removed: :data:`tilesmith.settings.PROVIDER_KEY_VARIABLES`, secret settings, any name containing one
@@ -67,7 +77,8 @@ def worker_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
     ``TILESMITH_*`` variables (the worker gets its configuration in protocol messages). Added: the
     directory that holds the ``tilesmith`` package at the front of ``PYTHONPATH``;
     ``TORCHINDUCTOR_COMPILE_THREADS=1`` unless set (kernels compile in the worker process itself, so no
-    compile pool outlives a kill); ``PYTHONUNBUFFERED=1``.
+    compile pool outlives a kill); ``PYTHONUNBUFFERED=1``; for ``device_type="cpu"`` (test mode)
+    :data:`CPU_THREAD_ENV`.
     """
     env = dict(os.environ if environ is None else environ)
     secrets = [v for v in settings.secret_values(env) if len(v) >= 4]
@@ -86,6 +97,8 @@ def worker_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
     clean["PYTHONPATH"] = os.pathsep.join([root] + ([clean["PYTHONPATH"]] if clean.get("PYTHONPATH") else []))
     clean.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     clean["PYTHONUNBUFFERED"] = "1"
+    if device_type == "cpu":
+        clean.update(CPU_THREAD_ENV)
     return clean
 
 
@@ -252,6 +265,20 @@ def _link_precompiled_headers(worker_dir: Path) -> int:
         return 0
 
 
+def process_cpu_ms(pid: int) -> float | None:
+    """CPU time (user + system, every thread, exited ones included) process ``pid`` has used so far, in ms,
+    read by the host from ``/proc/<pid>/stat`` (fields 14-15, clock ticks; Linux keeps their sum equal to the
+    scheduler's exact runtime, so the resolution is one tick, 10 ms at ``SC_CLK_TCK`` 100). ``None`` where
+    there is no ``/proc`` or the process is gone. Used to cross-check the CPU-time samples a worker reports."""
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as handle:
+            fields = handle.read().rsplit(b")", 1)[1].split()
+        ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 counting from 1)
+        return ticks * 1e3 / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class WorkerProcess:
     """One running worker. Not thread-safe; one request in flight at a time is the normal use.
 
@@ -263,7 +290,7 @@ class WorkerProcess:
     _numbers = itertools.count(1)
 
     def __init__(self, parent_dir: Path, *, label: str, environ: dict[str, str] | None = None,
-                 template: Path | None = None) -> None:
+                 template: Path | None = None, device_type: str = "cuda") -> None:
         self.label = f"{label}#{next(self._numbers)}"
         self.dir = Path(tempfile.mkdtemp(prefix="w", dir=parent_dir))
         os.chmod(self.dir, 0o700)
@@ -282,7 +309,8 @@ class WorkerProcess:
         """Sources (by SHA-256) this worker has imported; a confirmation needs one that saw none of them."""
         self.extra_dirs: tuple[Path, ...] = ()
         """Folders removed with this worker besides its own (a standby worker's parent folder)."""
-        self.environ = {**worker_environment(environ), **private_environment(self.dir)}
+        self.device_type = device_type
+        self.environ = {**worker_environment(environ, device_type), **private_environment(self.dir)}
         """The exact environment the process started with."""
         self.proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
             [sys.executable, "-P", "-m", "tilesmith.gate.worker"],

@@ -8,6 +8,7 @@ nothing the worker measures; the identity check then reports the replacement.
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import resource
@@ -26,6 +27,7 @@ from tilesmith.gate.worker_runtime import GuardedAllocator, InputSet
 
 T = SimpleNamespace(
     perf_ns=time.perf_counter_ns,
+    cpu_ns=functools.partial(time.clock_gettime_ns, time.CLOCK_PROCESS_CPUTIME_ID),
     save=torch.save,
     load=torch.load,
     threads=threading.enumerate,
@@ -123,6 +125,8 @@ class Worker:
         else:
             _fast_cpu_probe()
         flag_failures = torchstate.apply_flags(msg.get("flags", {}))
+        if self.device.type == "cpu":  # after the host's flags; with process.CPU_THREAD_ENV (CPU-time samples)
+            torch.set_num_threads(1)
         self.inputs_to_check = list(msg.get("inputs_to_check", []))
         self.mutated = list(msg.get("mutated_input_idxs", []))
         self.expected = list(msg.get("expected", []))

@@ -18,7 +18,9 @@ A timing run is a short conversation of ``time`` requests, each with a ``phase``
             buffer larger than L2/LLC), synchronize, start the clock, run call ``j`` on set ``j`` for
             ``j < k``, keeping **every** output, synchronize the whole device (work left on other
             streams is inside the sample), stop the clock.
-            CUDA: events recorded on the current stream; CPU (test mode): ``time.perf_counter_ns``.
+            CUDA: events recorded on the current stream; CPU (test mode): the worker process's CPU time
+            (``CLOCK_PROCESS_CPUTIME_ID``, every thread of the process), so that time the scheduler gives to
+            other processes on a busy machine is not counted.
 ``finish``  Copy out the last sample's picks, release everything, save the copies for the host.
 
 What a candidate can observe is the same for every sample and every call: all of its outputs from the
@@ -214,11 +216,11 @@ def _timed(device: torch.device, flush: torch.Tensor, fn: Any, argsets: list[lis
         T.event_record(end)
         T.event_sync(end)
         ms = T.elapsed(start, end)
-    else:
-        t0 = T.perf_ns()
+    else:  # CPU time of the whole process (all threads): a busy machine delays the calls, it does not lengthen them
+        t0 = T.cpu_ns()
         for j, args in enumerate(argsets):
             outs[j] = fn(args)
-        ms = (T.perf_ns() - t0) / 1e6
+        ms = (T.cpu_ns() - t0) / 1e6
     wall = (T.perf_ns() - wall0) / 1e6
     return ms, wall, outs
 
@@ -273,7 +275,7 @@ def _start(worker: Any, msg: dict[str, Any]) -> dict[str, Any]:
     return {"ok": True, "calls_per_sample": k, "estimates_ms": estimates, "k_limits": limits,
             "static_inputs": list(static),
             "set_bytes": set_bytes, "output_bytes": out_bytes,
-            "method": "cuda_event" if device.type == "cuda" else "host_clock"}
+            "method": "cuda_event" if device.type == "cuda" else "process_cpu_time"}
 
 
 def _copy_out(worker: Any, session: _Session, calls: list[Any]) -> None:
