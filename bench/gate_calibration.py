@@ -44,9 +44,10 @@ import torch  # noqa: E402
 
 from tests import gate_support as gs  # noqa: E402
 from tilesmith import settings  # noqa: E402
-from tilesmith.gate import Gate, stats, timing  # noqa: E402
+from tilesmith.gate import Gate
+from tilesmith.gate.host import stats, timing  # noqa: E402
 from tilesmith.gate.inputs import make_variant  # noqa: E402
-from tilesmith.gate.reference import write_inputs  # noqa: E402
+from tilesmith.gate.host.reference import write_inputs  # noqa: E402
 from tilesmith.records import Candidate  # noqa: E402
 
 

@@ -13,7 +13,7 @@ import torch
 
 from tests import gate_support as gs
 from tests.cheats import redteam_isolation as rt
-from tilesmith.gate import process
+from tilesmith.gate.host import process
 from tilesmith.records import Candidate
 
 
@@ -76,7 +76,7 @@ def ln(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TILESMITH_ALLOW_CPU", "1")
         mp.setenv("TILESMITH_GATE_RUN_TIMEOUT_S", "60")
-        mp.setattr("tilesmith.gate.gate.scan", lambda source: [])  # the isolation must hold without the scan
+        mp.setattr("tilesmith.gate.host.gate.scan", lambda source: [])  # the isolation must hold without the scan
         torch.manual_seed(0)
         cap = gs.capture(gs.LinearLN(), torch.randn(32, 64))[0]
         root = tmp_path_factory.mktemp("isolation")

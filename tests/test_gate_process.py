@@ -8,9 +8,10 @@ import torch
 
 from tilesmith.errors import WorkerError
 from tilesmith.gate import protocol, torchstate
-from tilesmith.gate.process import describe_exit, redact, worker_environment
-from tilesmith.gate.reference import OutputTooLarge, load_outputs
-from tilesmith.gate.worker_runtime import GuardedAllocator, InputSet, output_facts
+from tilesmith.gate.host.process import describe_exit, redact, worker_environment
+from tilesmith.gate.host.reference import OutputTooLarge, load_outputs
+from tilesmith.gate.layout import output_facts
+from tilesmith.gate.worker.runtime import GuardedAllocator, InputSet
 
 
 def test_worker_environment_has_no_secrets():

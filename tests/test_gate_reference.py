@@ -2,7 +2,7 @@
 
 The gate varies masks, positions and indices (tilesmith.gate.inputs). An index the original reads out of bounds
 is a device-side assert on CUDA, which poisons the user's CUDA context, so such input lists must run in a
-trusted worker (tilesmith.gate.reference.ScreenedReference); the user's own callable sees only the first real
+trusted worker (tilesmith.gate.host.reference.ScreenedReference); the user's own callable sees only the first real
 call's integer values.
 """
 
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests import gate_support as gs
-from tilesmith.gate.reference import invents_values
+from tilesmith.gate.host.reference import invents_values
 from tilesmith.records import Candidate
 
 
@@ -63,8 +63,8 @@ def test_varied_indices_run_in_a_trusted_worker_not_in_the_host(tmp_path, monkey
 
 
 def test_invented_values_the_original_rejects_fall_back_to_captured_ones(tmp_path, monkeypatch):
-    from tilesmith.gate.phase import HighScale, checked_variant
-    from tilesmith.gate.reference import HostReference, ScreenedReference
+    from tilesmith.gate.host.phase import HighScale, checked_variant
+    from tilesmith.gate.host.reference import HostReference, ScreenedReference
     from tilesmith.errors import WorkerError
 
     base = [torch.randn(8), torch.tensor([5])]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tilesmith.gate.static_scan import RULE_RATIONALE, findings_to_failures, scan
+from tilesmith.gate.host.static_scan import RULE_RATIONALE, findings_to_failures, scan
 
 FIXTURES = sorted((Path(__file__).parent / "fixtures" / "inductor-h200").glob("*.wrapper.py"))
 CPU_FIXTURES = sorted((Path(__file__).parent / "fixtures" / "wrappers").glob("*.py"))
@@ -97,7 +97,7 @@ def test_builtin_agent_candidates_pass():
     ("m = torch.sys.modules", "static_introspection"),
     ("f = call.__globals__", "static_introspection"),
     ("exec('x = 1')", "static_introspection"),
-    ("import tilesmith.gate.worker_core", "static_introspection"),
+    ("import tilesmith.gate.worker.core", "static_introspection"),
     ("open('/etc/passwd').read()", "static_file_access"),
     ("os.listdir('/')", "static_file_access"),
     ("k = os.environ['OPENAI_API_KEY']", "static_file_access"),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tilesmith.gate import stats
+from tilesmith.gate.host import stats
 
 
 def test_speedup_is_the_median_of_per_pair_ratios_not_a_ratio_of_medians():

@@ -3,9 +3,9 @@ others, and cannot reuse results across the calls of a sample.
 
 Two layers:
 
-- In-process: the worker's timing handler (:func:`tilesmith.gate.worker_timing.run_timing`) runs in its own
+- In-process: the worker's timing handler (:func:`tilesmith.gate.worker.timing.run_timing`) runs in its own
   thread (so a frame walk from the candidate sees only worker frames, as in the real worker process) and
-  the host driver (:func:`tilesmith.gate.timing.run_samples`) talks to it through queues. Candidates are
+  the host driver (:func:`tilesmith.gate.host.timing.run_samples`) talks to it through queues. Candidates are
   plain Python callables; these tests do not depend on audit hooks or on timing.
 - Real gate (CPU test mode): the red team's wrapper edits (tests/cheats/redteam_timing.py) are rejected.
 """
@@ -23,10 +23,11 @@ import pytest
 import torch
 
 from tests.cheats import redteam_timing as rt
-import tilesmith.gate.worker_core  # noqa: F401 - binds worker_timing's trusted clocks (the worker does this at start)
-from tilesmith.gate import timing
-from tilesmith.gate.reference import RefResult
-from tilesmith.gate.worker_timing import choose_k, distinct_capacity, fill_set, roll_finite_, run_timing
+import tilesmith.gate.worker.core  # noqa: F401 - binds worker_timing's trusted clocks (the worker does this at start)
+from tilesmith.gate.host import timing
+from tilesmith.gate.host.reference import RefResult
+from tilesmith.gate.inputs import distinct_capacity, fill_set, roll_finite_
+from tilesmith.gate.worker.timing import choose_k, run_timing
 
 ROUNDS = 30
 K = 4
@@ -348,7 +349,7 @@ def gate(tmp_path_factory):
         mp.setattr(timing, "SPOT_CHECKS", 8)
         # The static scan (and, where present, audit hooks) also reject these; switch the scan off so the
         # timing layer itself is what these tests check.
-        mp.setattr("tilesmith.gate.gate.scan", lambda source: [])
+        mp.setattr("tilesmith.gate.host.gate.scan", lambda source: [])
         g = Gate(gs.make_problem(cap, root / "snapshot", label="c0ffee00 (timing)"), reference=cap.ref_fn,
                  profiles_dir=root / "profiles", timing_pairs=8)
         yield g, cap

@@ -15,7 +15,7 @@ import torch
 
 from tests import gate_support as gs
 from tests.cheats import redteam_variants as rv
-from tilesmith.gate import checks
+from tilesmith.gate.host import checks
 from tilesmith.records import Candidate
 
 
@@ -121,7 +121,7 @@ def test_correctness_plan_holds_the_outputs_of_at_least_sixteen_candidate_calls(
 
 
 def test_original_rejecting_varied_integers_falls_back_to_permuted_values():
-    from tilesmith.gate.phase import HighScale, checked_variant
+    from tilesmith.gate.host.phase import HighScale, checked_variant
 
     class Picky:
         """Stands in for an original that bounds-checks its index input against the captured value 5."""

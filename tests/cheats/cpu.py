@@ -181,7 +181,7 @@ def exec_static(src: str) -> str:
 def harness_patch(src: str) -> str:
     # Reach the worker's own module through a re-export of sys and replace one of its functions.
     return module_code(src, '_s = getattr(torch, "s" + "ys")\n'
-                            'vars(_s.modules["tilesmith.gate.worker_core"])["describe"] = lambda exc: {}')
+                            'vars(_s.modules["tilesmith.gate.worker.core"])["describe"] = lambda exc: {}')
 
 
 def baseline_sabotage(src: str) -> str:

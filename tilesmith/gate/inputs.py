@@ -36,18 +36,14 @@ from typing import Any
 
 import torch
 
-from tilesmith.gate.protocol import overlaps as _overlaps, storage_extent
+from tilesmith.gate.layout import clone_layout as _clone_to, flat_view, overlaps as _overlaps, storage_extent, write_values
 
 VARIANTS = ("normal", "random", "zero", "high_magnitude")
 
 
 def clone_layout(value: torch.Tensor) -> torch.Tensor:
-    """CPU copy of ``value`` with identical size, stride and storage offset (and a minimal storage)."""
-    offset, extent = value.storage_offset(), storage_extent(value)
-    base = torch.zeros(offset + extent, dtype=value.dtype)
-    if extent:
-        base[offset:] = torch.as_strided(value.detach().cpu(), (extent,), (1,), offset)
-    return torch.as_strided(base, value.shape, value.stride(), offset)
+    """CPU copy of ``value`` with identical size, stride and storage offset (:func:`tilesmith.gate.layout.clone_layout`)."""
+    return _clone_to(value, "cpu")
 
 
 def _storage_tail(t: torch.Tensor) -> torch.Tensor:
@@ -321,3 +317,98 @@ def perturbed(values: list[Any], seed: int) -> list[Any]:
         tail.copy_((tail.double() * factor).to(value.dtype))
         out.append(copy)
     return out
+
+
+# -- timing input sets (both sides: the worker fills them, the host rebuilds a spot-checked call's) --------
+_FLOAT_KINDS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+def _scale(t: torch.Tensor, factor: float) -> None:
+    if factor == 1.0 or not t.is_floating_point():
+        return
+    flat = torch.as_strided(t, (flat_view(t).numel() // t.element_size(),), (1,), t.storage_offset())
+    if t.dtype in _FLOAT_KINDS:
+        flat.mul_(factor)
+    else:  # float8 and other formats without in-place arithmetic: round-trip through float32
+        flat.copy_(flat.float().mul_(factor).to(t.dtype))
+
+
+def _finite(flat: torch.Tensor) -> torch.Tensor:
+    return torch.isfinite(flat if flat.dtype in _FLOAT_KINDS else flat.float())
+
+
+def roll_finite_(t: torch.Tensor, shift: int) -> None:
+    """Rotate the finite values of floating tensor ``t`` by ``shift`` positions among themselves, in place.
+
+    Works on the logical elements in row-major order (never on stride gaps, whose bytes the worker and the
+    host do not share) and moves raw bits through an integer view, so the result is bit-identical on every
+    device and dtype (float8 included); NaN and ±Inf stay where they are (masks keep their structure) and
+    the multiset of values is unchanged (positive inputs stay positive). Integer, boolean and complex
+    tensors, and layouts that overlap themselves (stride 0), are left alone.
+    """
+    if not t.is_floating_point() or t.numel() < 2 or _overlaps(t):
+        return
+    flat = t.reshape(-1) if t.is_contiguous() else t.contiguous().reshape(-1)
+    fin = _finite(flat)
+    bits = flat.view(_INT_VIEW[t.element_size()])
+    if bool(fin.all()):
+        rolled = torch.roll(bits, int(shift))
+    else:
+        idx = fin.nonzero().squeeze(1)
+        if idx.numel() < 2:
+            return
+        rolled = bits.clone()
+        rolled[idx] = torch.roll(bits[idx], int(shift))
+    if t.is_contiguous():
+        bits.copy_(rolled)
+    else:
+        t.copy_(rolled.view(t.dtype).view(t.shape))
+
+
+def distinct_capacity(values: list[Any], static: Any = ()) -> int:
+    """How many pairwise different input sets :func:`roll_finite_` with shifts ``0 … n-1`` can make.
+
+    The largest number of finite logical elements of a (non-overlapping) floating input that holds at
+    least two different finite values (a shift that is not a multiple of that count moves some value to
+    a new position, unless the values repeat with a shorter period); 1 when no floating input varies (only
+    integer/boolean inputs, or constant floats): then every call of a sample would read the same values,
+    and ``k`` is capped to 1. Inputs in ``static`` (shared by the calls of a sample) do not count: a graph
+    whose only varying floating inputs are static gets ``k = 1``.
+    """
+    best = 1
+    skip = {int(i) for i in static}
+    for i, value in enumerate(values):
+        if i in skip:
+            continue
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel() >= 2 \
+                and not _overlaps(value):
+            flat = value.reshape(-1)
+            finite = flat[_finite(flat)]
+            if finite.numel() >= 2 and bool((finite != finite[0]).any()):
+                best = max(best, int(finite.numel()))
+    return best
+
+
+def fill_set(targets: list[Any], source: list[Any], factors: list[float], shift: int, skip: Any = ()) -> None:
+    """Write one timing input set in place: ``source`` × per-input ``factors``, finite values rolled by ``shift``.
+
+    Inputs in ``skip`` are left alone (static inputs shared with a set already written). The host rebuilds
+    the same values with :func:`tilesmith.gate.timing.set_values` (every step is exact).
+    """
+    skipped = {int(i) for i in skip}
+    for i, value in enumerate(source):
+        if isinstance(value, torch.Tensor) and i not in skipped:
+            write_values(targets[i], value)
+            _scale(targets[i], float(factors[i]) if i < len(factors) else 1.0)
+            if shift:
+                roll_finite_(targets[i], shift)
+
+
+def static_indices(requested: Any, values: list[Any]) -> tuple[int, ...]:
+    """The host's ``static`` list, validated: sorted distinct indices of tensor inputs of ``values``."""
+    found = set()
+    for i in requested or ():
+        idx = int(i)
+        if 0 <= idx < len(values) and isinstance(values[idx], torch.Tensor):
+            found.add(idx)
+    return tuple(sorted(found))

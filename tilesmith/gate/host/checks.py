@@ -38,9 +38,10 @@ from typing import Any
 
 import torch
 
-from tilesmith.gate.compare import compare_output, compare_structure, passes, tolerance_for
+from tilesmith.gate.host.answers import global_failures
+from tilesmith.gate.host.compare import compare_output, compare_structure, passes, tolerance_for
 from tilesmith.gate.protocol import POISON_BYTES
-from tilesmith.gate.reference import OutputTooLarge, RefResult, load_outputs
+from tilesmith.gate.host.reference import OutputTooLarge, RefResult, load_outputs
 from tilesmith.records import CheckFailure
 
 P0, P1 = POISON_BYTES
@@ -205,35 +206,6 @@ def step_failures(facts: dict[str, Any], ref: RefResult | None, ctx: CheckContex
 
 
 _STRUCTURAL = {"output_count", "output_type", "shape_mismatch", "dtype_mismatch", "exception", "oom"}
-
-
-def global_failures(facts: dict[str, Any], where: str) -> list[CheckFailure]:
-    """Threads, global state, current stream and replaced functions, from any worker answer."""
-    fails: list[CheckFailure] = []
-    if facts.get("threads_new"):
-        fails.append(CheckFailure("background_thread",
-                                  f"new threads alive after {where}: {', '.join(facts['threads_new'][:4])}. "
-                                  f"A wrapper must not start threads."))
-    changes = dict(facts.get("state_changes", {}))
-    stream = {k: v for k, v in changes.items() if k.startswith(("cuda.current_stream", "cuda.current_device"))}
-    other = {k: v for k, v in changes.items() if k not in stream}
-    if stream:
-        fails.append(CheckFailure("stream_state", f"{where} changed the current CUDA stream/device "
-                                                  f"({_fmt_changes(stream)}); restore it (use "
-                                                  f"`with torch.cuda.stream(s)`)."))
-    if other:
-        fails.append(CheckFailure("global_state", f"{where} changed process-global settings: {_fmt_changes(other)}. "
-                                                  f"Leave the user's numeric and runtime flags unchanged."))
-    if facts.get("identity_changes"):
-        names = facts["identity_changes"]
-        fails.append(CheckFailure("monkeypatch", f"{where} replaced {len(names)} function(s) or class attribute(s): "
-                                                 f"{', '.join(names[:6])}. Do not patch torch, triton, time or the "
-                                                 f"harness."))
-    return fails
-
-
-def _fmt_changes(changes: dict[str, list[Any]]) -> str:
-    return ", ".join(f"{k}: {a!r} → {b!r}" for k, (a, b) in list(changes.items())[:6])
 
 
 def interpret(plan: Plan, answer: dict[str, Any], ctx: CheckContext, expected_bytes: int) -> list[CheckFailure]:

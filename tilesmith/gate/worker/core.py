@@ -22,8 +22,11 @@ from typing import Any
 
 import torch
 
-from tilesmith.gate import audit, protocol, torchstate, worker_runtime, worker_timing
-from tilesmith.gate.worker_runtime import GuardedAllocator, InputSet
+from tilesmith.gate import layout, protocol, torchstate
+from tilesmith.gate.worker import audit
+from tilesmith.gate.worker import runtime as worker_runtime
+from tilesmith.gate.worker import timing as worker_timing
+from tilesmith.gate.worker.runtime import GuardedAllocator, InputSet
 
 T = SimpleNamespace(
     perf_ns=time.perf_counter_ns,
@@ -59,7 +62,7 @@ class Worker:
     def __init__(self, out_fd: int, auditor: Any = None) -> None:
         self.out_fd = out_fd
         self.auditor = auditor
-        """:class:`tilesmith.gate.audit.Audit` (armed before the candidate's import), or ``None`` in unit tests."""
+        """:class:`tilesmith.gate.worker.audit.Audit` (armed before the candidate's import), or ``None`` in unit tests."""
         self.base_signals: dict[str, str] = {}
         self.base_modules: dict[str, Any] = {}
         self.device = torch.device("cpu")
@@ -132,7 +135,7 @@ class Worker:
         self.expected = list(msg.get("expected", []))
         if msg.get("constants"):
             loaded = T.load(msg["constants"], weights_only=True, map_location="cpu")
-            self.constants = {k: _to_device(v, self.device) for k, v in loaded.items()}
+            self.constants = {k: layout.clone_layout(v, self.device) for k, v in loaded.items()}
         t0 = T.perf_ns()
         with open(msg["original_path"], encoding="utf-8") as handle:
             original = handle.read()
@@ -308,7 +311,7 @@ class Worker:
         finally:
             GuardedAllocator.uninstall(loaded.namespace, saved)
         facts["wall_ms"] = (T.perf_ns() - t0) / 1e6
-        facts["outputs"] = worker_runtime.output_facts(outs, iset.values) if "error" not in facts else []
+        facts["outputs"] = layout.output_facts(outs, iset.values) if "error" not in facts else []
         if "error" not in facts:
             facts["async_changed"] = worker_runtime.changed_since(outs, snaps)
             facts["guard_violations"] = self.allocator.violations(list(outs) if isinstance(outs, (list, tuple)) else [])
@@ -408,15 +411,6 @@ def _cuda_broken(device: torch.device) -> bool:
         return False
     except BaseException:  # noqa: BLE001
         return True
-
-
-def _to_device(value: Any, device: torch.device) -> Any:
-    if not isinstance(value, torch.Tensor):
-        return value
-    base = torch.empty(value.storage_offset() + protocol.storage_extent(value), dtype=value.dtype, device=device)
-    out = torch.as_strided(base, value.shape, value.stride(), value.storage_offset())
-    worker_runtime.write_values(out, value)
-    return out
 
 
 def _warm_serialization(device: torch.device) -> None:

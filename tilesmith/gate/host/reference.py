@@ -24,8 +24,7 @@ from typing import Any
 import torch
 
 from tilesmith.errors import WorkerError
-from tilesmith.gate.protocol import storage_extent
-from tilesmith.gate.worker_runtime import output_facts, write_values
+from tilesmith.gate.layout import clone_layout, output_facts
 
 
 @dataclass
@@ -58,12 +57,7 @@ class RefResult:
 
 def to_device(value: Any, device: torch.device) -> Any:
     """Copy of ``value`` on ``device`` with identical size, stride and storage offset."""
-    if not isinstance(value, torch.Tensor):
-        return value
-    base = torch.empty(value.storage_offset() + storage_extent(value), dtype=value.dtype, device=device)
-    out = torch.as_strided(base, value.shape, value.stride(), value.storage_offset())
-    write_values(out, value)
-    return out
+    return clone_layout(value, device)
 
 
 def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -175,7 +169,7 @@ class ScreenedReference:
 
     Raises (from :meth:`run`):
         tilesmith.errors.WorkerError: the original failed or crashed on invented values (the caller falls
-            back to the captured integer values; see :func:`tilesmith.gate.phase.checked_variant`).
+            back to the captured integer values; see :func:`tilesmith.gate.host.phase.checked_variant`).
     """
 
     def __init__(self, host: HostReference, base: list[Any], start_worker: Callable[[], Any],

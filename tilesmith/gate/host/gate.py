@@ -2,10 +2,10 @@
 
 A candidate is accepted only when, in the host:
 
-1. the static scan finds nothing (:mod:`tilesmith.gate.static_scan`);
+1. the static scan finds nothing (:mod:`tilesmith.gate.host.static_scan`);
 2. a first measurement in an isolated worker passes every correctness check against the original
-   Inductor wrapper on normal, random, zero and high-magnitude inputs (:mod:`tilesmith.gate.checks`)
-   and its paired timing clears the rule of :mod:`tilesmith.gate.stats`
+   Inductor wrapper on normal, random, zero and high-magnitude inputs (:mod:`tilesmith.gate.host.checks`)
+   and its paired timing clears the rule of :mod:`tilesmith.gate.host.stats`
    (median per-pair speedup ≥ 1 + ``min_improvement`` and bootstrap 95 % CI low > 1);
 3. a confirmation in a **fresh worker that never imported the candidate**, with new seeds (new inputs,
    new schedule), passes the same correctness checks and clears the same rule.
@@ -42,15 +42,16 @@ import torch
 
 from tilesmith import settings
 from tilesmith.errors import WorkerError
-from tilesmith.gate import report as reports
-from tilesmith.gate import standby, stats, torchstate
-from tilesmith.gate.compare import TOLERANCES
-from tilesmith.gate.phase import HighScale, PhaseConfig, PhaseResult, run_phase, status_for
-from tilesmith.gate.problem import GateProblem
-from tilesmith.gate.process import WorkerProcess, make_cache_template, redact
-from tilesmith.gate.reference import HostReference, RefResult, ScreenedReference, WorkerReference, to_device
-from tilesmith.gate.static_scan import findings_to_failures, scan
-from tilesmith.gate.timing import SAMPLE_MAX_MS, SAMPLE_TARGET_MS
+from tilesmith.gate import torchstate
+from tilesmith.gate.host import report as reports
+from tilesmith.gate.host import standby, stats
+from tilesmith.gate.host.compare import TOLERANCES
+from tilesmith.gate.host.phase import HighScale, PhaseConfig, PhaseResult, run_phase, status_for
+from tilesmith.gate.host.problem import GateProblem
+from tilesmith.gate.host.process import WorkerProcess, make_cache_template, redact
+from tilesmith.gate.host.reference import HostReference, RefResult, ScreenedReference, WorkerReference, to_device
+from tilesmith.gate.host.static_scan import findings_to_failures, scan
+from tilesmith.gate.host.timing import SAMPLE_MAX_MS, SAMPLE_TARGET_MS
 from tilesmith.records import Candidate, CheckFailure, Verdict
 
 _RNG_HINT = re.compile(r"inductor_seeds|inductor_random|inductor_randint|\brandn?\b|randint|randperm|bernoulli|"
@@ -242,7 +243,7 @@ class Gate:
         raise AssertionError("unreachable")
 
     def _quiesce(self) -> None:
-        """Wait until the spare worker (and a standby worker, :mod:`tilesmith.gate.standby`) has finished
+        """Wait until the spare worker (and a standby worker, :mod:`tilesmith.gate.host.standby`) has finished
         starting, so it does not compete with timing samples."""
         standby.settle(self.start_timeout_s)
         spare = self._spare

@@ -1,6 +1,6 @@
 """One gate worker started ahead of need, so its interpreter start and torch import overlap with compilation.
 
-A gate worker is a fresh ``python -m tilesmith.gate.worker`` (:mod:`tilesmith.gate.process`); before it
+A gate worker is a fresh ``python -m tilesmith.gate.worker`` (:mod:`tilesmith.gate.host.process`); before it
 can do anything it imports torch and Inductor, which took 4.7–6.2 s on a 2-core CPU
 (``python -c "import torch, torch._inductor.compile_fx"``). The first gate of a process waits for that
 inside the graph's first call, which is what an artifact-cache hit's blocking re-check pays (docs/cache.md).
@@ -55,13 +55,13 @@ def prestart(device_type: str = "cuda") -> bool:
     """Start the standby worker unless a usable one is waiting or ``TILESMITH_PRESTART_WORKER=0``; never raises.
 
     ``device_type`` (``"cuda"`` or ``"cpu"``, test mode) picks the worker environment (CPU workers get
-    :data:`tilesmith.gate.process.CPU_THREAD_ENV`). A waiting one whose environment no longer matches is replaced.
+    :data:`tilesmith.gate.host.process.CPU_THREAD_ENV`). A waiting one whose environment no longer matches is replaced.
     Returns whether one is waiting afterwards.
     """
     global _standby, _timer, _atexit_registered
     if not settings.get("TILESMITH_PRESTART_WORKER"):
         return False
-    from tilesmith.gate.process import WorkerProcess
+    from tilesmith.gate.host.process import WorkerProcess
 
     with _LOCK:
         if _standby is not None and _matches_locked(device_type):
@@ -137,14 +137,14 @@ def discard() -> None:
 def comparable(environ: dict[str, str]) -> dict[str, str]:
     """The part of a worker environment that can make two workers differ: without the folders every worker gets
     its own of (``PRIVATE_CACHE_DIRS``), without :data:`SET_BY_TORCH` and ``_TORCHINDUCTOR_*``."""
-    from tilesmith.gate.process import PRIVATE_CACHE_DIRS
+    from tilesmith.gate.host.process import PRIVATE_CACHE_DIRS
 
     return {k: v for k, v in environ.items()
             if k not in PRIVATE_CACHE_DIRS and k not in SET_BY_TORCH and not k.startswith("_TORCHINDUCTOR_")}
 
 
 def _matches_locked(device_type: str) -> bool:
-    from tilesmith.gate.process import worker_environment
+    from tilesmith.gate.host.process import worker_environment
 
     if not _standby.alive():
         return False

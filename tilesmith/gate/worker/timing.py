@@ -1,7 +1,7 @@
 """Paired timing samples inside the worker (the statistics and the spot-check choices live in the host).
 
 A timing run is a short conversation of ``time`` requests, each with a ``phase`` (the host side is
-:func:`tilesmith.gate.timing.run_samples`):
+:func:`tilesmith.gate.host.timing.run_samples`):
 
 ``start``   Load the input pool (≥ 2 sets) onto the device; warm up every arm outside the samples (at
             least 3 calls and ``warmup_ms`` per arm); estimate each arm's time per call; choose ``k``
@@ -40,10 +40,10 @@ from typing import Any
 
 import torch
 
-from tilesmith.gate.protocol import overlaps as _overlaps, storage_extent
-from tilesmith.gate.worker_runtime import InputSet, flat_view, sync, write_values
+from tilesmith.gate.inputs import distinct_capacity, fill_set, static_indices
+from tilesmith.gate.worker.runtime import InputSet, sync
 
-#: The worker's trusted bindings (clocks, events, ``torch.save``; see :data:`tilesmith.gate.worker_core.T`) and
+#: The worker's trusted bindings (clocks, events, ``torch.save``; see :data:`tilesmith.gate.worker.core.T`) and
 #: output helpers, set by :func:`bind` when ``worker_core`` loads, before any candidate is imported; never looked
 #: up again later (a candidate could have replaced ``sys.modules`` entries by then).
 T: Any = None
@@ -51,106 +51,17 @@ _CORE: Any = None
 
 
 def bind(trusted: Any, against_expected: Any, compact_cpu: Any) -> None:
-    """Called once by :mod:`tilesmith.gate.worker_core` at import."""
+    """Called once by :mod:`tilesmith.gate.worker.core` at import."""
     global T, _CORE
     T = trusted
     _CORE = (against_expected, compact_cpu)
 
-
-_FLOAT_KINDS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 #: Bytes that ``k`` live input sets plus ``k`` output sets may take: on CUDA this fraction of the memory
 #: free on the device after warm-up (the rest stays for the wrappers' intermediates and the baseline);
 #: on the CPU (test mode) a fixed amount.
 TIMING_MEMORY_FRACTION = 0.5
 TIMING_MEMORY_CPU_BYTES = 1 << 30
-
-
-def _scale(t: torch.Tensor, factor: float) -> None:
-    if factor == 1.0 or not t.is_floating_point():
-        return
-    flat = torch.as_strided(t, (flat_view(t).numel() // t.element_size(),), (1,), t.storage_offset())
-    if t.dtype in _FLOAT_KINDS:
-        flat.mul_(factor)
-    else:  # float8 and other formats without in-place arithmetic: round-trip through float32
-        flat.copy_(flat.float().mul_(factor).to(t.dtype))
-
-
-def _region(t: torch.Tensor) -> torch.Tensor:
-    """1-D view of the storage elements ``t`` can reach (from its offset), in ``t``'s dtype."""
-    return torch.as_strided(t, (storage_extent(t),), (1,), t.storage_offset())
-
-
-def _finite(flat: torch.Tensor) -> torch.Tensor:
-    return torch.isfinite(flat if flat.dtype in _FLOAT_KINDS else flat.float())
-
-
-def roll_finite_(t: torch.Tensor, shift: int) -> None:
-    """Rotate the finite values of floating tensor ``t`` by ``shift`` positions among themselves, in place.
-
-    Works on the logical elements in row-major order (never on stride gaps, whose bytes the worker and the
-    host do not share) and moves raw bits through an integer view, so the result is bit-identical on every
-    device and dtype (float8 included); NaN and ±Inf stay where they are (masks keep their structure) and
-    the multiset of values is unchanged (positive inputs stay positive). Integer, boolean and complex
-    tensors, and layouts that overlap themselves (stride 0), are left alone.
-    """
-    if not t.is_floating_point() or t.numel() < 2 or _overlaps(t):
-        return
-    flat = t.reshape(-1) if t.is_contiguous() else t.contiguous().reshape(-1)
-    fin = _finite(flat)
-    bits = flat.view(_INT_VIEW[t.element_size()])
-    if bool(fin.all()):
-        rolled = torch.roll(bits, int(shift))
-    else:
-        idx = fin.nonzero().squeeze(1)
-        if idx.numel() < 2:
-            return
-        rolled = bits.clone()
-        rolled[idx] = torch.roll(bits[idx], int(shift))
-    if t.is_contiguous():
-        bits.copy_(rolled)
-    else:
-        t.copy_(rolled.view(t.dtype).view(t.shape))
-
-
-def distinct_capacity(values: list[Any], static: Any = ()) -> int:
-    """How many pairwise different input sets :func:`roll_finite_` with shifts ``0 … n-1`` can make.
-
-    The largest number of finite logical elements of a (non-overlapping) floating input that holds at
-    least two different finite values (a shift that is not a multiple of that count moves some value to
-    a new position, unless the values repeat with a shorter period); 1 when no floating input varies (only
-    integer/boolean inputs, or constant floats): then every call of a sample would read the same values,
-    and ``k`` is capped to 1. Inputs in ``static`` (shared by the calls of a sample) do not count: a graph
-    whose only varying floating inputs are static gets ``k = 1``.
-    """
-    best = 1
-    skip = {int(i) for i in static}
-    for i, value in enumerate(values):
-        if i in skip:
-            continue
-        if isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel() >= 2 \
-                and not _overlaps(value):
-            flat = value.reshape(-1)
-            finite = flat[_finite(flat)]
-            if finite.numel() >= 2 and bool((finite != finite[0]).any()):
-                best = max(best, int(finite.numel()))
-    return best
-
-
-def fill_set(targets: list[Any], source: list[Any], factors: list[float], shift: int, skip: Any = ()) -> None:
-    """Write one timing input set in place: ``source`` × per-input ``factors``, finite values rolled by ``shift``.
-
-    Inputs in ``skip`` are left alone (static inputs shared with a set already written). The host rebuilds
-    the same values with :func:`tilesmith.gate.timing.set_values` (every step is exact).
-    """
-    skipped = {int(i) for i in skip}
-    for i, value in enumerate(source):
-        if isinstance(value, torch.Tensor) and i not in skipped:
-            write_values(targets[i], value)
-            _scale(targets[i], float(factors[i]) if i < len(factors) else 1.0)
-            if shift:
-                roll_finite_(targets[i], shift)
 
 
 def choose_k(estimates_ms: list[float], target_ms: float, max_sample_ms: float, set_bytes: int, out_bytes: int,
@@ -162,16 +73,6 @@ def choose_k(estimates_ms: list[float], target_ms: float, max_sample_ms: float, 
     by_memory = int(max(1, budget_bytes // max(1, set_bytes + out_bytes)))
     k = max(1, min(timed, by_memory, int(distinct)))
     return k, {"by_time": timed, "by_memory": by_memory, "by_distinct": int(distinct)}
-
-
-def static_indices(requested: Any, values: list[Any]) -> tuple[int, ...]:
-    """The host's ``static`` list, validated: sorted distinct indices of tensor inputs of ``values``."""
-    found = set()
-    for i in requested or ():
-        idx = int(i)
-        if 0 <= idx < len(values) and isinstance(values[idx], torch.Tensor):
-            found.add(idx)
-    return tuple(sorted(found))
 
 
 def _storage_bytes(values: Any, skip: Any = ()) -> int:

@@ -1,7 +1,7 @@
 """Host side of timing: build the randomized schedule, drive the samples, spot-check timed outputs,
 compute the statistic.
 
-The worker only executes samples and returns raw times (see :mod:`tilesmith.gate.worker_timing`); every
+The worker only executes samples and returns raw times (see :mod:`tilesmith.gate.worker.timing`); every
 number in a :class:`~tilesmith.records.Timing` is computed here, in the host, from those samples. Which
 timed calls are spot-checked is decided here from the operating system's randomness (``secrets``), never
 sent ahead: after each sample the host names the calls of *that* sample whose outputs the worker copies
@@ -18,12 +18,11 @@ from typing import Any
 
 import torch
 
-from tilesmith.gate import stats
-from tilesmith.gate.compare import compare_output
-from tilesmith.gate.inputs import apply_factors, clone_layout, timing_factors
+from tilesmith.gate.host import stats
+from tilesmith.gate.host.compare import compare_output
+from tilesmith.gate.inputs import apply_factors, clone_layout, roll_finite_, static_indices, timing_factors
 from tilesmith.errors import WorkerError
-from tilesmith.gate.reference import OutputTooLarge, RefResult, load_checked
-from tilesmith.gate.worker_timing import roll_finite_, static_indices
+from tilesmith.gate.host.reference import OutputTooLarge, RefResult, load_checked
 from tilesmith.records import CheckFailure, Timing
 
 #: Target and ceiling of one sample's duration (ms). CUDA events resolve ~0.5 µs, so a ≥ 1 ms sample
@@ -100,7 +99,7 @@ def make_schedule(arms: list[str], pool: list[list[Any]], rounds: int, seed: int
 
 def set_values(values: list[Any], factors: list[float], shift: int, *, static: Any = (),
                static_shift: int | None = None) -> list[Any]:
-    """The inputs one timed call read (host copy of :func:`tilesmith.gate.worker_timing.fill_set`):
+    """The inputs one timed call read (host copy of :func:`tilesmith.gate.worker.timing.fill_set`):
     ``values`` × ``factors``, finite floating values rolled by ``shift``; inputs in ``static`` (shared by
     the calls of a sample, written with call 0's values) rolled by ``static_shift`` instead (default
     ``shift``). Call ``c`` of a sample with base shift ``s``: ``set_values(v, f, s + c, static=…,

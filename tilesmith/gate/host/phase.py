@@ -17,10 +17,10 @@ from collections.abc import Callable
 
 import torch
 
-from tilesmith.gate import audit, checks, timing
+from tilesmith.gate.host import answers, checks, timing
 from tilesmith.gate.inputs import accumulates, make_variant, scale_ladder
-from tilesmith.gate.process import WorkerCrashed, WorkerProcess, WorkerProtocolError, WorkerTimedOut, process_cpu_ms
-from tilesmith.gate.reference import RefResult, write_inputs
+from tilesmith.gate.host.process import WorkerCrashed, WorkerProcess, WorkerProtocolError, WorkerTimedOut, process_cpu_ms
+from tilesmith.gate.host.reference import RefResult, write_inputs
 from tilesmith.records import CheckFailure, Timing
 
 
@@ -152,7 +152,7 @@ def _run(result: PhaseResult, worker: WorkerProcess, candidate_source: str, incu
                                 name=module, source=source, baseline=module == "inc")
         worker.saw.add(hashlib.sha256(source.encode()).hexdigest())
         rec[f"load_{module}_s"] = round(time.monotonic() - t0, 3)
-        result.failures += audit.failures_from_answer(answer, f"importing the {what}")
+        result.failures += answers.failures_from_answer(answer, f"importing the {what}")
         if not answer.get("ok"):
             err = answer.get("error", {})
             tail = " | ".join(str(err.get("traceback", "")).strip().splitlines()[-6:])[:1200]
@@ -161,7 +161,7 @@ def _run(result: PhaseResult, worker: WorkerProcess, candidate_source: str, incu
                                                               f"{str(err.get('message', ''))[:800]}. Traceback tail "
                                                               f"(worker): {tail}"))
             return
-        result.failures += checks.global_failures(answer.get("facts", {}), f"importing the {module} module")
+        result.failures += answers.global_failures(answer.get("facts", {}), f"importing the {module} module")
         if result.failures:
             return
     # 2. correctness
@@ -195,7 +195,7 @@ def _run(result: PhaseResult, worker: WorkerProcess, candidate_source: str, incu
     answer = worker.request("check", budget, "the correctness checks", steps=plan.steps,
                             save_held=plan.save_held, expected=cfg.expected)
     ctx = checks.CheckContext(refs, cfg.mutated_input_idxs, cfg.tf32, noise if high is not None else {})
-    result.failures += audit.failures_from_answer(answer, "the correctness checks")
+    result.failures += answers.failures_from_answer(answer, "the correctness checks")
     result.failures += checks.interpret(plan, answer, ctx, cfg.expected_bytes)
     rec["steps"] = [{k: s.get(k) for k in ("label", "module", "wall_ms", "error", "inputs_changed",
                                            "guard_violations", "async_changed", "threads_new", "state_changes",
@@ -232,7 +232,7 @@ def _run(result: PhaseResult, worker: WorkerProcess, candidate_source: str, incu
     rec["timing_static_inputs"] = list(sched.static)
     for p in pool_files:
         _unlink(p)
-    result.failures += audit.failures_from_answer(answer, "the timed calls")
+    result.failures += answers.failures_from_answer(answer, "the timed calls")
     if not answer.get("ok"):
         err = answer.get("error", {})
         result.failures.append(CheckFailure("oom" if err.get("oom") else "exception",
@@ -240,7 +240,7 @@ def _run(result: PhaseResult, worker: WorkerProcess, candidate_source: str, incu
         return
     rec["timing_raw"] = {k: answer.get(k) for k in ("calls_per_sample", "estimates_ms", "walls_ms", "method")}
     rec["timing_host_wall_ms"] = host_wall_ms
-    result.failures += checks.global_failures(answer, "the timed calls")
+    result.failures += answers.global_failures(answer, "the timed calls")
     inconsistent = timing.consistency_failure(answer, host_wall_ms, host_cpu_ms)
     if inconsistent:
         result.failures.append(inconsistent)

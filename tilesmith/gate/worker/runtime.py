@@ -24,7 +24,8 @@ from typing import Any
 
 import torch
 
-from tilesmith.gate.protocol import CANARY_BYTE, layout_of, overlaps, storage_extent
+from tilesmith.gate.layout import bits, clone_layout, overlaps, storage_extent, write_values
+from tilesmith.gate.protocol import CANARY_BYTE
 
 #: Guard tail after every guarded buffer: a quarter of the buffer, at least 512 bytes, at most 4 MiB.
 _GUARD_MIN, _GUARD_MAX = 512, 4 * 1024 * 1024
@@ -40,20 +41,6 @@ def guard_bytes_for(nbytes: int) -> int:
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def flat_view(t: torch.Tensor) -> torch.Tensor:
-    """1-D ``uint8`` view (not a copy) of the storage bytes a strided tensor can reach, from its offset."""
-    flat = torch.as_strided(t, (storage_extent(t),), (1,), t.storage_offset())
-    return flat.view(torch.uint8)
-
-
-def write_values(target: torch.Tensor, value: torch.Tensor) -> None:
-    """Copy ``value`` into ``target`` (same layout), also when the layout overlaps itself (stride 0)."""
-    if not overlaps(value):
-        target.copy_(value.to(target.device))
-    else:
-        flat_view(target).copy_(flat_view(value).to(target.device))
 
 
 class GuardedTensor:
@@ -101,8 +88,6 @@ class GuardedTensor:
 
 
 def _bit_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    from tilesmith.gate.protocol import bits
-
     return bool(torch.equal(bits(a), bits(b)))
 
 
@@ -120,7 +105,7 @@ class InputSet:
                 self.values.append(entry.tensor)
             elif isinstance(value, torch.Tensor):
                 self.entries.append(None)
-                self.values.append(_clone_layout(value, device))
+                self.values.append(clone_layout(value, device))
             else:
                 self.entries.append(None)
                 self.values.append(value)
@@ -150,13 +135,6 @@ class InputSet:
 
     def args(self) -> list[Any]:
         return list(self.values)
-
-
-def _clone_layout(value: torch.Tensor, device: torch.device) -> torch.Tensor:
-    base = torch.empty(value.storage_offset() + storage_extent(value), dtype=value.dtype, device=device)
-    out = torch.as_strided(base, value.shape, value.stride(), value.storage_offset())
-    write_values(out, value)
-    return out
 
 
 class GuardedAllocator:
@@ -263,44 +241,6 @@ def rng_digest(device: torch.device) -> str:
     return h.hexdigest()[:16]
 
 
-def output_facts(outputs: Any, inputs: list[Any]) -> list[dict[str, Any]]:
-    """Type, layout and aliasing of each output. Never calls a method on a non-``torch.Tensor`` object."""
-    if not isinstance(outputs, (tuple, list)):
-        return [{"kind": "not_a_sequence", "type": _type_name(outputs)}]
-    facts: list[dict[str, Any]] = []
-    storages: list[int | None] = []
-    for out in outputs:
-        kind = type(out)
-        if out is None:
-            facts.append({"kind": "none"})
-            storages.append(None)
-        elif kind in (int, float, bool):
-            facts.append({"kind": "scalar", "value": out})
-            storages.append(None)
-        elif kind is torch.Tensor:
-            fact = {"kind": "tensor", **layout_of(out), "storage_nbytes": int(out.untyped_storage().nbytes())}
-            fact["input_identity"] = next((j for j, a in enumerate(inputs) if a is out), None)
-            ptr = out.untyped_storage().data_ptr()
-            fact["input_storage"] = next(
-                (j for j, a in enumerate(inputs)
-                 if isinstance(a, torch.Tensor) and a.numel() and out.numel()
-                 and a.untyped_storage().data_ptr() == ptr), None)
-            facts.append(fact)
-            storages.append(ptr if out.numel() else None)
-        else:
-            facts.append({"kind": "other", "type": _type_name(out)})
-            storages.append(None)
-    for i, fact in enumerate(facts):
-        if storages[i] is not None:
-            fact["shares_outputs"] = [j for j, p in enumerate(storages) if j != i and p == storages[i]]
-    return facts
-
-
-def _type_name(value: Any) -> str:
-    kind = type(value)
-    return f"{kind.__module__}.{kind.__qualname__}"
-
-
 def storage_ptrs(outputs: Any) -> set[int]:
     """Storage addresses of the (non-empty, plain) tensors in ``outputs``."""
     if not isinstance(outputs, (tuple, list)):
@@ -332,8 +272,6 @@ def snapshot_outputs(outputs: Any, max_bytes: int = 1 << 62) -> list[torch.Tenso
 
 def changed_since(outputs: Any, snaps: list[torch.Tensor | None], skip: set[int] = frozenset()) -> list[int]:
     """Outputs whose bits differ from their snapshot (``skip``: indices not to judge)."""
-    from tilesmith.gate.protocol import bits
-
     changed = []
     for i, (o, s) in enumerate(zip(outputs, snaps)):
         if i in skip:

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from tilesmith.gate.protocol import bits, poison_pattern
+from tilesmith.gate.layout import bits, poison_pattern
 from tilesmith.records import CheckFailure
 
 
