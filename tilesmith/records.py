@@ -162,6 +162,7 @@ VerdictStatus = Literal[
     "rejected_unconfirmed",
     "rejected_duplicate",
     "rejected_policy",
+    "gate_memory",
 ]
 
 

@@ -96,8 +96,12 @@ _NATIVE = {"mmap.__new__"}
 #: Executables a library may start under candidate code (Inductor's C++ build, Triton's ptxas/cc).
 #: Rationale: torch 2.11 ``cpp_builder._run_compile_cmd`` and Triton's nvidia backend spawn these while the
 #: candidate's kernels compile at import; their arguments are not checked (native code is a residual risk).
+#: ``openssl``: torch 2.11 ``codecache._precompile_header`` hashes the preprocessed header with ``openssl sha512``
+#: at the first C++ kernel build of a process, which in a candidate worker is the candidate's (the original is
+#: never loaded there).
 _COMPILERS = {"g++", "gcc", "c++", "cc", "clang", "clang++", "icx", "icpx", "nvcc", "ptxas", "nvlink", "fatbinary",
-              "cuobjdump", "nvdisasm", "ld", "ld.lld", "ld.gold", "objcopy", "ar", "hipcc", "ldconfig", "ccache"}
+              "cuobjdump", "nvdisasm", "ld", "ld.lld", "ld.gold", "objcopy", "ar", "hipcc", "ldconfig", "ccache",
+              "openssl"}
 
 _VERSION_SUFFIX = re.compile(r"-\d+(\.\d+)*$")
 

@@ -20,6 +20,7 @@ Runs only inside ``python -m tilesmith.gate.worker`` (never in the user's proces
 from __future__ import annotations
 
 import hashlib
+import os
 from typing import Any
 
 import torch
@@ -210,27 +211,68 @@ class GuardedAllocator:
         return found
 
 
-def poison_allocator(device: torch.device, sizes: list[int], byte: int) -> None:
+def poison_allocator(device: torch.device, sizes: list[int], byte: int, budget: int | None = None) -> None:
     """Refill the memory that fresh allocations will get with ``byte``.
 
     CUDA: release every unused cached block (``empty_cache``), then allocate, fill and free blocks of
     each expected output size (four times) plus one large block, so the caching allocator's free lists hold
     only poisoned memory. CPU: the same sizes through malloc (best effort: glibc may return fresh
-    zeroed pages for large sizes, which is also not the reference's data).
+    zeroed pages for large sizes, which is also not the reference's data). ``budget`` (bytes, from the host's
+    memory plan) caps the blocks: fewer copies of large outputs, a smaller large block.
     """
     blocks = []
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
     total = 0
+    limit = budget if budget is not None and budget > 0 else 1 << 62
     for n in sizes:
         for _ in range(4):
+            if total + int(n) > limit and blocks:
+                break
             blocks.append(torch.full((max(int(n), 1),), byte, dtype=torch.uint8, device=device))
             total += int(n)
     if device.type == "cuda":
-        blocks.append(torch.full((max(64 * 1024 * 1024, 2 * total),), byte, dtype=torch.uint8, device=device))
+        large = min(max(64 * 1024 * 1024, 2 * total), max(0, limit - total))
+        if large > 0:
+            blocks.append(torch.full((large,), byte, dtype=torch.uint8, device=device))
     del blocks
     sync(device)
+
+
+def memory_facts(device: torch.device) -> dict[str, int]:
+    """Device memory as this process sees it (bytes): ``free`` and ``total`` of the device, what this process's
+    caching allocator has ``allocated`` and ``reserved``. CPU (test mode): ``MemAvailable``/``MemTotal`` of
+    ``/proc/meminfo`` and this process's resident set size."""
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        return {"free": int(free), "total": int(total), "allocated": int(torch.cuda.memory_allocated(device)),
+                "reserved": int(torch.cuda.memory_reserved(device))}
+    info = {}
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                name, value = line.split(":", 1)
+                info[name] = int(value.split()[0]) * 1024
+        with open("/proc/self/statm", encoding="ascii") as handle:
+            rss = int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return {}
+    return {"free": info.get("MemAvailable", 0), "total": info.get("MemTotal", 0), "allocated": rss, "reserved": rss}
+
+
+def reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def allocated(device: torch.device) -> int:
+    return int(torch.cuda.memory_allocated(device)) if device.type == "cuda" else 0
+
+
+def peak(device: torch.device) -> int:
+    """Peak bytes allocated since :func:`reset_peak` (CUDA; 0 on the CPU, where the host plans with sizes)."""
+    return int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else 0
 
 
 def rng_digest(device: torch.device) -> str:
