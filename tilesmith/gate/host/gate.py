@@ -122,6 +122,11 @@ class Gate:
         self.spare_count = int(spares if spares is not None else (2 if self.device.type == "cuda" else 1))
         self.allowance = stats.CPU_PROCESS_ALLOWANCE if self.device.type == "cpu" else 0.0
         self.preload = self.device.type == "cuda"
+        self.second_trusted = True
+        """The confirmation is timed against a second trusted worker (the original only, too), so measurement and
+        confirmation compare independent pairs of processes: a speed factor that belongs to a process rather
+        than to the code (measured up to ±10 % on the CPU CI VM) cannot lean both phases the same way."""
+        self._second: WorkerProcess | None = None
         """Whether the confirmation's worker imports the candidate while the measurement runs (CUDA: the host
         has cores to spare; CPU test mode: no — on a small machine a wasted import, for every candidate the
         measurement rejects, costs more than the overlap gains)."""
@@ -160,9 +165,12 @@ class Gate:
             self.tf32 = self._uses_tf32()
             self.policy = Variants(list(init.get("scale_ladder") or []), accumulates(problem.original_source))
             self._observe_trusted()
+            self._confirming: TrustedReference | None = None
             if not self.memory.fits:
                 self.memory_problem = self.memory.message(self.label)
             else:
+                # The confirmation's trusted worker (see _confirmation_reference) starts now, from the template.
+                self._second = self._start_worker("trusted") if self.second_trusted else None
                 self._top_up()
         except BaseException:
             self.close()
@@ -303,11 +311,30 @@ class Gate:
         return [w for w in self._workers if w.role != "trusted" and w.alive()]
 
     def _observe_trusted(self) -> tuple[int, int]:
-        """The trusted worker's (threads, session processes) now, kept as the running maximum: the bound a
+        """The trusted workers' (threads, session processes) now, kept as the running maximum: the bound a
         candidate's worker may not exceed (``os_threads``)."""
-        threads, others = self._trusted.os_counts()
-        self._trusted_counts = (max(self._trusted_counts[0], threads), max(self._trusted_counts[1], others))
+        for worker in (self._trusted, self._second):
+            if worker is not None and worker.init_answer is not None and worker.alive():
+                threads, others = worker.os_counts()
+                self._trusted_counts = (max(self._trusted_counts[0], threads), max(self._trusted_counts[1], others))
         return self._trusted_counts
+
+    def _confirmation_reference(self) -> TrustedReference:
+        """The reference (and original's timing arm) for a confirmation: the second trusted worker when it
+        runs, else the first."""
+        if self._confirming is not None and self._confirming.worker.alive():
+            return self._confirming
+        worker = self._second
+        if worker is None or not worker.alive():
+            return self.reference
+        try:
+            self._ready(worker, "the second trusted worker")
+        except WorkerError:
+            worker.kill()
+            self._second = None
+            return self.reference
+        self._confirming = TrustedReference(worker, self.files, self.worker_timeout_s, self.reference.expected_bytes)
+        return self._confirming
 
     # -- evaluation -----------------------------------------------------------------------------------
     def _next_id(self) -> str:
@@ -331,7 +358,8 @@ class Gate:
     def _phase(self, name: str, worker: WorkerProcess, candidate: Candidate, incumbent: WorkerProcess | None,
                eval_id: str, load_rid: int | None = None,
                on_loaded: Callable[[], None] | None = None) -> PhaseResult:
-        return run_phase(name, worker, candidate_source=candidate.source, reference=self.reference,
+        reference = self._confirmation_reference() if name == "confirmation" else self.reference
+        return run_phase(name, worker, candidate_source=candidate.source, reference=reference,
                          policy=self.policy, cfg=self._config(), files_dir=self.files,
                          seed_key=f"{eval_id}:{name}", incumbent=incumbent, load_rid=load_rid, on_loaded=on_loaded)
 
@@ -486,7 +514,8 @@ class Gate:
                          "run_timeout_s": self.run_timeout_s, "tf32_tolerances": self.tf32,
                          "uses_rng": self.uses_rng, "flags": self.flags},
             "reference": {"source": "trusted worker", "trusted_pid": self._trusted.pid,
-                          "runs": self.reference.runs, "call_ms": self.captured.wall_ms,
+                          "second_trusted_pid": self._second.pid if self._second is not None else None,
+                          "runs": self.reference.runs + (self._confirming.runs if self._confirming else 0), "call_ms": self.captured.wall_ms,
                           "outputs": self.captured.facts, "os_counts": list(self._trusted_counts)},
             "memory": dataclasses.asdict(self.memory) | {"minimum": self.memory.minimum,
                                                           "held_budget": self.memory.held_budget},

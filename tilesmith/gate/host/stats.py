@@ -96,11 +96,13 @@ def look_alpha(max_pairs: int) -> float:
     return ALPHA / len(looks(max_pairs))
 
 
-CPU_PROCESS_ALLOWANCE = 0.10
+CPU_PROCESS_ALLOWANCE = 0.15
 """CPU test mode only: the bar is at least ``1 + CPU_PROCESS_ALLOWANCE`` and the interval's low end must exceed
 ``1 + CPU_PROCESS_ALLOWANCE / 2``. Why: the arms run in different processes, and on the 2-core CI VM identical
-code timed 0.95–1.09× between two worker processes even with their allocator settings fixed
-(:data:`tilesmith.gate.host.process.CPU_THREAD_ENV`): a per-process factor that more pairs do not average out.
+code timed 0.95–1.12× between two worker processes even with their allocator settings fixed
+(:data:`tilesmith.gate.host.process.CPU_THREAD_ENV`) and their threads on one CPU: a factor of the process (it
+stays with the process across runs and reference runs), which more pairs do not average out; the measurement
+and the confirmation compare independent process pairs (a second trusted worker), which squares what is left.
 CUDA samples (device time) have no such allowance; ``bench/gate_calibration.py`` measures the per-process A/A
 spread on the H200."""
 
