@@ -23,8 +23,9 @@ quiescence, the sequential rule):
 Statistical trials reuse long-lived candidate workers (the rule's error rates are what is calibrated; the
 correctness checks are deterministic and run in part 3). Prints a table and writes JSON to ``--out``.
 
-    python bench/gate_calibration.py --quick --memory --out $OUT/gate_calibration.json     # ≤ 5 min on the H200
-    python bench/gate_calibration.py --aa 300 --gain 100 --out $OUT/gate_calibration.json  # the full calibration
+    python bench/gate_calibration.py --quick --out $OUT/gate_calibration.json             # ~3 min on the H200 (estimate)
+    python bench/gate_calibration.py --graphs none --memory --out $OUT/gate_memory.json   # the memory cases alone
+    python bench/gate_calibration.py --aa 150 --gain 100 --out $OUT/gate_calibration.json  # ≥ 300 A/A gates in all
     TILESMITH_ALLOW_CPU=1 python bench/gate_calibration.py --device cpu --quick --out /tmp/calib.json  # smoke test
 """
 
