@@ -15,7 +15,7 @@ One run (a few minutes on the H200):
    "max-autotune-no-cudagraphs")`` of the same function — L2 flushed (a 256 MB write) before every call and
    only the call between the CUDA events; the arms interleaved in rounds whose order rotates; each arm's
    round value is the median of its calls; the reported ratios are medians of per-round ratios with a 95 %
-   percentile-bootstrap interval (``tilesmith.gate.stats.paired_speedup``);
+   percentile-bootstrap interval (``tilesmith.gate.host.stats.paired_speedup``);
 5. prints a short table last and writes everything to ``--out`` (JSON).
 
 Patterns (the issue's shapes): int8 weight-only GEMV ``r + (x @ W.to(bf16).T) * scale`` with x 1×14336 bf16,
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.fresh_build:
         os.environ["TILESMITH_KERNEL_DIR"] = tempfile.mkdtemp(prefix="tilesmith-kernels-")
-    from tilesmith.gate.stats import paired_speedup
+    from tilesmith.gate.host.stats import paired_speedup
     from tilesmith.kernels.build import ensure_built_many
     from tilesmith.kernels.runtime import FAMILIES, kernel_dir
     from tilesmith.roofline import measure_device_limits

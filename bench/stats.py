@@ -5,7 +5,7 @@ that :func:`round_orders` rotates, and keeps the median of the block's calls. Ho
 than one round (another process, clock changes, the allocator) then hits every arm of that round alike, so the
 statistic is the **median over rounds of the per-round ratio** ``other_ms[r] / tilesmith_ms[r]`` (> 1: Tilesmith
 is faster), with a 95 % percentile-bootstrap interval of that median (:func:`ratio_stats`). This is the
-construction of the host gate (``tilesmith/gate/stats.py``; Google Benchmark's random interleaving,
+construction of the host gate (``tilesmith/gate/host/stats.py``; Google Benchmark's random interleaving,
 https://github.com/google/benchmark/blob/main/docs/random_interleaving.md; Kalibera & Jones,
 "Rigorous Benchmarking in Reasonable Time", ISMM 2013), re-implemented here so the bench needs nothing beyond the standard library.
 """
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 BOOTSTRAP_RESAMPLES = 2000
-"""Resamples per interval; the same count as the host gate (``tilesmith.gate.stats.BOOTSTRAP_RESAMPLES``)."""
+"""Resamples per interval; the same count as the host gate (``tilesmith.gate.host.stats.BOOTSTRAP_RESAMPLES``)."""
 
 
 def median(values: Sequence[float]) -> float:

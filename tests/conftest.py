@@ -31,7 +31,7 @@ _inductor = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
 if not _inductor or Path(_inductor).expanduser().resolve().is_relative_to(home_guard.real_home().resolve()):
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(_REPO / ".cache" / "inductor")
 os.environ.setdefault("TILESMITH_PROGRESS", "off")
-# No standby gate worker per tilesmith.compile() (tilesmith.gate.standby): on 2 cores its torch import would
+# No standby gate worker per tilesmith.compile() (tilesmith.gate.host.standby): on 2 cores its torch import would
 # compete with the tests that time candidates; tests/test_gate_standby.py turns it on where it is the subject.
 os.environ.setdefault("TILESMITH_PRESTART_WORKER", "0")
 for _name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY", "XAI_API_KEY",

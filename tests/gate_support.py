@@ -214,7 +214,7 @@ def runtime_checks_only(monkeypatch: Any) -> None:
     concatenated names) are rejected early by the hardened static scan; with the scan off they reach the
     worker, so each runtime check keeps a regression test. Never used outside tests.
     """
-    from tilesmith.gate import gate as gate_module
+    from tilesmith.gate.host import gate as gate_module
 
     monkeypatch.setattr(gate_module, "scan", lambda source: [])
 

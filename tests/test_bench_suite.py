@@ -175,7 +175,7 @@ def test_ratio_stats_finds_a_known_ratio_and_skips_missing_rounds():
 
 def test_bootstrap_interval_is_seeded_and_agrees_with_the_gates_numpy_bootstrap():
     pytest.importorskip("numpy")
-    from tilesmith.gate.stats import paired_speedup
+    from tilesmith.gate.host.stats import paired_speedup
 
     gen = torch.Generator().manual_seed(1)
     cand = (1.0 + 0.05 * torch.rand(200, generator=gen)).tolist()

@@ -145,7 +145,7 @@ def test_search_worker_compiles_and_screens_the_cpp_wrapper_variant(tmp_path, wo
     assert cpp.status == "ok", cpp
     assert cpp.ratio and cpp.ratio > 0 and cpp.compile_s is not None and cpp.screen_rel_l2 is not None
     assert "CppWrapperCodeCache.load_pybinding" in cpp.source and "def call" not in cpp.source.split("\n")[0]
-    from tilesmith.gate.static_scan import scan
+    from tilesmith.gate.host.static_scan import scan
 
     assert scan(cpp.source) == []
     missing = screens["renamed"]

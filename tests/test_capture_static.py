@@ -11,7 +11,7 @@ import torch
 
 from tilesmith.capture.backend import TilesmithBackend
 from tilesmith.capture.graph import captured_graph, static_inputs
-from tilesmith.gate.problem import GateProblem
+from tilesmith.gate.host.problem import GateProblem
 from tilesmith.records import CapturedGraph, ScalarSpec, TensorSpec
 
 

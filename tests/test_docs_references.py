@@ -109,7 +109,7 @@ def test_the_check_catches_each_kind_of_stale_reference(line, expected):
 
 def test_the_check_leaves_urls_and_other_projects_paths_alone():
     text = ("torch/_inductor/graph.py, cmd/server/main.go, https://github.com/x/y/blob/main/NOTES.md, "
-            "github.com/x/y/OTHER.md, docs/gate.md, tilesmith/gate/stats.py, [gate](../docs/gate.md)")
+            "github.com/x/y/OTHER.md, docs/gate.md, tilesmith/gate/host/stats.py, [gate](../docs/gate.md)")
     assert _problems(REPO / "tests" / "probe.md", _basenames(), text=text) == []
 
 

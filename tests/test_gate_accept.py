@@ -53,7 +53,7 @@ def test_faster_honest_candidate_is_accepted_after_confirmation(accepted):
     assert accepted.accepted and accepted.failures == ()
     assert accepted.timing is not None and accepted.confirmation is not None
     for t in (accepted.timing, accepted.confirmation):
-        assert t.method == "host_clock" and t.baseline_label == "inductor"
+        assert t.method == "process_cpu_time" and t.baseline_label == "inductor"
         assert len(t.baseline_ms) == len(t.candidate_ms) == 10
         assert t.speedup >= 1.3 and t.ci_low > 1.0
 

@@ -1,4 +1,4 @@
-"""The worker's PEP 578 audit hook (tilesmith/gate/audit.py) and the quoting of candidate-controlled text.
+"""The worker's PEP 578 audit hook (tilesmith/gate/worker/audit.py) and the quoting of candidate-controlled text.
 
 The hook cannot be removed once added, so its unit tests run it in a child interpreter: the harness
 below installs it over a private folder, arms it, then imports one small "candidate" module per case
@@ -20,8 +20,9 @@ import torch
 
 from tests import gate_support as gs
 from tests.cheats import redteam_isolation as rt
-from tilesmith.gate.audit import AUDIT_CHECKS, failures_from_answer
-from tilesmith.gate.process import sanitize_answer, untrusted_text
+from tilesmith.gate.host.answers import failures_from_answer
+from tilesmith.gate.protocol import AUDIT_CHECKS
+from tilesmith.gate.host.process import sanitize_answer, untrusted_text
 from tilesmith.records import Candidate
 
 _REPO = Path(__file__).resolve().parents[1]
@@ -30,7 +31,7 @@ _HARNESS = textwrap.dedent('''
     import importlib.util, json, os, sys
     sys.path.insert(0, sys.argv[3])
     import fakelib                                  # a third-party library, imported before arming
-    from tilesmith.gate import audit
+    from tilesmith.gate.worker import audit
     priv = sys.argv[1]
     auditor = audit.install(priv)
     os.makedirs(os.path.join(priv, "locks"))
@@ -205,7 +206,7 @@ def ln_gate(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TILESMITH_ALLOW_CPU", "1")
         mp.setenv("TILESMITH_GATE_RUN_TIMEOUT_S", "60")
-        mp.setattr("tilesmith.gate.gate.scan", lambda source: [])  # the audit hook must stand on its own
+        mp.setattr("tilesmith.gate.host.gate.scan", lambda source: [])  # the audit hook must stand on its own
         torch.manual_seed(0)
         cap = gs.capture(gs.LinearLN(), torch.randn(32, 64))[0]
         root = tmp_path_factory.mktemp("audit-gate")

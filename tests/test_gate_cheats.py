@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tests import gate_support as gs
-from tests.cheats.cpu import CHEATS
+from tests.cheats.cpu import CHEATS, SABOTAGE
 from tilesmith.records import Candidate
 
 
@@ -76,3 +76,15 @@ def test_cheat_is_rejected_for_its_reason(cheat, gates, graphs, monkeypatch):
 def test_cheat_suite_covers_twenty_distinct_cheats():
     assert len({c.name for c in CHEATS}) >= 20
     assert len({c.check for c in CHEATS}) >= 15
+
+
+def test_reference_sabotage_finds_no_original_to_slow(gates, graphs, monkeypatch):
+    """Issue 15 (reference sabotage): the cheat looks for the original's kernels in its own process and slows
+    them. The original runs only in the trusted worker, so the cheat can only slow itself: never accepted, and
+    the trusted worker still answers with the original's outputs (the next unedited candidate passes)."""
+    gs.runtime_checks_only(monkeypatch)
+    gate = gates.get("ln")
+    verdict = gate.evaluate(Candidate(source=SABOTAGE(graphs["ln"].source), proposer="cheat:sabotage"))
+    assert not verdict.accepted and verdict.status != "accepted"
+    again = gate.evaluate(Candidate(source=graphs["ln"].source, proposer="control"))
+    assert again.failures == (), again.reasons

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tilesmith.gate.compare import (TOLERANCES, check_values, compare_output, compare_structure,
+from tilesmith.gate.host.compare import (TOLERANCES, check_values, compare_output, compare_structure,
                                     significant_strides_differ, tolerance_for)
 
 

@@ -13,7 +13,7 @@ import torch
 
 from tests import gate_support as gs
 from tests.cheats import redteam_isolation as rt
-from tilesmith.gate import process
+from tilesmith.gate.host import caches, process
 from tilesmith.records import Candidate
 
 
@@ -36,12 +36,12 @@ def test_isa_probes_are_found_by_content_and_copied(tmp_path, monkeypatch):
         if built:
             (shared / sub / f"{stem}.so").write_bytes(b"\x7fELF")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(shared))
-    found = process._scan_isa_probe_files()
+    found = caches._scan_isa_probe_files()
     assert found == (("ab", "cabprobe.cpp"), ("ab", "cabprobe.so"))
-    monkeypatch.setattr(process, "_isa_probe_files", lambda: found)
+    monkeypatch.setattr(caches, "_isa_probe_files", lambda: found)
     worker_dir = tmp_path / "w"
     (worker_dir / "inductor").mkdir(parents=True)
-    assert process.seed_private_cache(worker_dir) >= 2
+    assert caches.seed_private_cache(worker_dir) >= 2
     copied = worker_dir / "inductor" / "ab" / "cabprobe.so"
     assert copied.read_bytes() == b"\x7fELF"
     assert copied.stat().st_ino != (shared / "ab" / "cabprobe.so").stat().st_ino  # a copy, not a link
@@ -54,14 +54,14 @@ def test_cache_template_is_copied_not_linked(tmp_path):
 
     (Fresh.dir / "inductor" / "xy").mkdir(parents=True)
     (Fresh.dir / "inductor" / "xy" / "orig.py").write_text("call = None\n")
-    template = process.make_cache_template(Fresh, tmp_path / "template")  # type: ignore[arg-type]
+    template = caches.make_cache_template(Fresh, tmp_path / "template")  # type: ignore[arg-type]
     assert template == tmp_path / "template"
     target = tmp_path / "w2"
-    assert process.copy_cache_template(template, target) == 1
+    assert caches.copy_cache_template(template, target) == 1
     (target / "inductor" / "xy" / "orig.py").write_text("tampered\n")
     assert (template / "inductor" / "xy" / "orig.py").read_text() == "call = None\n"
     Fresh.saw = {"sha"}
-    assert process.make_cache_template(Fresh, tmp_path / "template2") is None  # saw a candidate: never
+    assert caches.make_cache_template(Fresh, tmp_path / "template2") is None  # saw a candidate: never
 
 
 def _environ_of(pid: int) -> dict[str, str]:
@@ -76,7 +76,7 @@ def ln(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TILESMITH_ALLOW_CPU", "1")
         mp.setenv("TILESMITH_GATE_RUN_TIMEOUT_S", "60")
-        mp.setattr("tilesmith.gate.gate.scan", lambda source: [])  # the isolation must hold without the scan
+        mp.setattr("tilesmith.gate.host.gate.scan", lambda source: [])  # the isolation must hold without the scan
         torch.manual_seed(0)
         cap = gs.capture(gs.LinearLN(), torch.randn(32, 64))[0]
         root = tmp_path_factory.mktemp("isolation")

@@ -8,9 +8,10 @@ import torch
 
 from tilesmith.errors import WorkerError
 from tilesmith.gate import protocol, torchstate
-from tilesmith.gate.process import describe_exit, redact, worker_environment
-from tilesmith.gate.reference import OutputTooLarge, load_outputs
-from tilesmith.gate.worker_runtime import GuardedAllocator, InputSet, output_facts
+from tilesmith.gate.host.process import describe_exit, redact, worker_environment
+from tilesmith.gate.host.reference import OutputTooLarge, load_outputs
+from tilesmith.gate.layout import output_facts
+from tilesmith.gate.worker.runtime import GuardedAllocator, InputSet
 
 
 def test_worker_environment_has_no_secrets():
@@ -128,3 +129,30 @@ def test_state_snapshot_sees_precision_flags():
     finally:
         torch.set_float32_matmul_precision(old)
     assert "cuda.matmul.fp32_precision" in changed or "mkldnn.matmul.fp32_precision" in changed
+
+
+def test_quiescence_stop_resume_and_a_worker_that_dies_while_stopped(tmp_path):
+    """SIGSTOP stops every thread of the worker (the host sees state T in /proc), a request resumes it first, and
+    a worker killed while stopped (the OOM killer, say) is reported as a crash at the next request."""
+    import os
+    import signal
+
+    from tilesmith.gate.host.process import WorkerCrashed, WorkerProcess, task_states
+
+    worker = WorkerProcess(tmp_path, label="quiescence test", device_type="cpu")
+    try:
+        assert worker.wait_ready(180)["type"] == "ready"
+        threads, others = worker.os_counts()
+        assert threads >= 2 and others == 0  # main + the parent watch, no child processes
+        assert worker.stop() and worker.stopped
+        assert task_states(worker.pid) and all(s in "Tt" for s in task_states(worker.pid))
+        answer = worker.request("nonsense", 60, "a request to a stopped worker")  # resumed before the request
+        assert not worker.stopped and answer["ok"] is False and "unknown op" in answer["error"]["message"]
+        assert worker.stop()
+        os.kill(worker.pid, signal.SIGKILL)
+        with pytest.raises(WorkerCrashed, match="killed by signal SIGKILL"):
+            worker.request("exit", 30, "a request after the worker died while stopped")
+        assert worker.stop() is False  # a dead worker is not "stopped"
+    finally:
+        worker.kill()
+    assert not worker.dir.exists()

@@ -1,20 +1,19 @@
-"""The gate never runs invented integer/boolean inputs in the user's process (CPU, real Gate).
-
-The gate varies masks, positions and indices (tilesmith.gate.inputs). An index the original reads out of bounds
-is a device-side assert on CUDA, which poisons the user's CUDA context, so such input lists must run in a
-trusted worker (tilesmith.gate.reference.ScreenedReference); the user's own callable sees only the first real
-call's integer values.
+"""The reference comes from the gate's trusted worker (the original wrapper alone in its own process): the
+user's own callable is never called by the gate, so invented integer/boolean inputs (varied masks, positions,
+indices; tilesmith.gate.inputs) never run in the user's process, where an out-of-range index would be a
+device-side assert that poisons the user's CUDA context (CPU, real Gate; the fall-back rule with a fake).
 """
 
 from __future__ import annotations
 
 import json
 
-import pytest
 import torch
 
 from tests import gate_support as gs
-from tilesmith.gate.reference import invents_values
+from tilesmith.errors import WorkerError
+from tilesmith.gate.host.phase import PhaseInputs, Variants, derive_seed
+from tilesmith.gate.host.reference import ReferenceRejected, RefResult
 from tilesmith.records import Candidate
 
 
@@ -28,69 +27,78 @@ class Gather(torch.nn.Module):
         return (self.table[idx] * x).relu()
 
 
-def test_invents_values_sees_changed_integers_and_ignores_floats():
-    base = [torch.randn(4), torch.tensor([3, 1, 2]), torch.tensor([True, False])]
-    floats_only = [torch.randn(4), base[1].clone(), base[2].clone()]
-    assert not invents_values(floats_only, base)
-    assert invents_values([base[0], torch.tensor([1, 1, 2]), base[2]], base)
-    assert invents_values([base[0], base[1], torch.tensor([True, True])], base)
-
-
-def test_varied_indices_run_in_a_trusted_worker_not_in_the_host(tmp_path, monkeypatch):
+def test_the_users_callable_is_never_called_and_varied_indices_run_in_the_trusted_worker(tmp_path, monkeypatch):
     from tilesmith.gate import Gate
 
     monkeypatch.setenv("TILESMITH_ALLOW_CPU", "1")
     monkeypatch.setenv("TILESMITH_GATE_RUN_TIMEOUT_S", "60")
     idx = torch.randint(0, 64, (32,))
     cap = gs.capture(Gather(), torch.randn(32, 16), idx)[0]
-    seen: list[list[torch.Tensor]] = []
+    seen: list[int] = []
 
     def host_ref(args):
-        seen.append([a.clone() for a in args if isinstance(a, torch.Tensor) and not a.is_floating_point()])
+        seen.append(len(args))
         return cap.ref_fn(args)
 
     problem = gs.make_problem(cap, tmp_path / "snapshot", label=f"c0ffee00 ({cap.graph.name})")
     with Gate(problem, reference=host_ref, profiles_dir=tmp_path / "profiles", timing_pairs=6) as gate:
         verdict = gate.evaluate(Candidate(source=cap.source, proposer="unchanged"))
     assert verdict.failures == (), verdict.reasons
-    captured_ints = [a for a in cap.inputs if isinstance(a, torch.Tensor) and not a.is_floating_point()]
-    assert seen and captured_ints
-    for ints in seen:  # the host callable only ever saw the first call's index values
-        assert all(torch.equal(a, b) for a, b in zip(ints, captured_ints, strict=True))
+    assert seen == []  # the user's process did no reference run at all
     report = json.loads(open(verdict.report_path).read())
-    assert report["reference"]["source"] == "host callable"
-    assert report["reference"]["runs_in_trusted_worker"] > 0
+    assert report["reference"]["source"] == "trusted worker" and report["reference"]["runs"] > 10
+    assert report["reference"]["trusted_pid"] not in {p["worker_pid"] for p in report["phases"]}
 
 
-def test_invented_values_the_original_rejects_fall_back_to_captured_ones(tmp_path, monkeypatch):
-    from tilesmith.gate.phase import HighScale, checked_variant
-    from tilesmith.gate.reference import HostReference, ScreenedReference
-    from tilesmith.errors import WorkerError
+class _Picky:
+    """Stands in for the trusted reference of an original that bounds-checks its index input: every varied
+    recipe is rejected (as a device-side assert or Inductor's CPU index check would), conservative ones run."""
 
-    base = [torch.randn(8), torch.tensor([5])]
+    def __init__(self) -> None:
+        self.asked: list[dict] = []
 
-    class Failing:
-        def __init__(self) -> None:
-            self.worker = type("W", (), {"alive": staticmethod(lambda: True), "kill": staticmethod(lambda: None)})()
+    def submit(self, runs):
+        self.asked += runs
+        return runs
 
-        def run(self, values, seed, repeat=1):
-            raise WorkerError("device-side assert triggered (simulated)")
+    def collect(self, runs, what=""):
+        out = []
+        for run in runs:
+            spec = run["inputs"]
+            if spec["vary"] and spec["variant"] != "normal":
+                out.append(ReferenceRejected("RuntimeError: index out of bounds: 0 <= tmp0 < 64"))
+            else:
+                out.append(RefResult([torch.zeros(2)], [{"kind": "tensor"}], rng="r", nonfinite=0))
+        return out
 
-    host_calls = []
 
-    def ref_fn(args):
-        host_calls.append(int(args[1]))
-        return (args[0] * 2,)
+def test_invented_values_the_original_rejects_fall_back_to_captured_ones():
+    picky = _Picky()
+    seeds = {k: derive_seed("t", k) for k in ("normal", "random", "random_b", "random_c", "random_d", "random_e",
+                                               "random_f", "zero", "high_magnitude", "pool")}
+    phase = PhaseInputs(picky, Variants([64.0, 8.0], duplicates=False), seeds)
+    phase.submit()
+    phase.collect()
+    assert phase.recipes["normal"]["variant"] == "normal"
+    for key in ("random", "random_b", "zero", "pool"):
+        assert phase.recipes[key]["vary"] is False, key  # the conservative recipe replaced the varied one
+    assert all("used permuted captured values" in note for note in phase.notes.values()) and phase.notes
+    assert "high_magnitude" not in phase.recipes  # every varied high-magnitude rung was rejected
+    assert phase.pool == [phase.recipes["normal"], phase.recipes["pool"]]
 
-    screened = ScreenedReference(HostReference(ref_fn, torch.device("cpu"), ()), base, lambda: None, tmp_path, 5.0)
-    screened._trusted = Failing()  # the trusted worker "crashes" on every invented value
-    fallbacks = 0
-    for seed in range(8):
-        notes: dict[str, str] = {}
-        values, ref, varied = checked_variant(base, "random", 1234 + seed, screened, HighScale(base, ""), notes)
-        if not varied:
-            fallbacks += 1
-            assert "used permuted captured values" in next(iter(notes.values()))
-        assert torch.equal(ref.outputs[0], values[0] * 2)
-    assert fallbacks > 0  # a one-element position is varied often enough to hit the failing worker
-    assert host_calls and all(v == 5 for v in host_calls)  # the host never ran an invented position
+
+def test_the_original_failing_on_the_captured_inputs_is_a_gate_error():
+    class Broken(_Picky):
+        def collect(self, runs, what=""):
+            return [ReferenceRejected("RuntimeError: broken original") for _ in runs]
+
+    seeds = {k: 1 for k in ("normal", "random", "random_b", "random_c", "random_d", "random_e", "random_f", "zero",
+                            "high_magnitude", "pool")}
+    phase = PhaseInputs(Broken(), Variants([], duplicates=False), seeds)
+    phase.submit()
+    try:
+        phase.collect()
+    except WorkerError as exc:
+        assert "broken original" in str(exc)
+    else:
+        raise AssertionError("a failing original must stop the gate")

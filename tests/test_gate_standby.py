@@ -1,4 +1,4 @@
-"""The standby gate worker (tilesmith.gate.standby): started by tilesmith.compile(), adopted by the first gate,
+"""The standby gate worker (tilesmith.gate.host.standby): started by tilesmith.compile(), adopted by the first gate,
 never adopted with a stale environment, never given a secret, gone with its folder afterwards (CPU)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import tilesmith
-from tilesmith.gate import standby
+from tilesmith.gate.host import standby
 
 
 @pytest.fixture
@@ -87,7 +87,7 @@ def _environ(worker) -> bytes:
 
 
 def test_the_standby_gets_exactly_a_gate_workers_environment_without_secrets(prestart_on, monkeypatch):
-    from tilesmith.gate.process import private_environment, worker_environment
+    from tilesmith.gate.host.process import private_environment, worker_environment
 
     monkeypatch.setenv("OPENAI_API_KEY", "sk-standby-secret-0123456789")
     monkeypatch.setenv("MY_SERVICE_TOKEN", "tok-standby-secret-abcdef")
@@ -125,8 +125,8 @@ def test_compile_starts_the_standby_and_the_first_gate_adopts_it(prestart_on, cp
     adopted = []
     real_adopt = standby.adopt
 
-    def spy(label):
-        worker = real_adopt(label)
+    def spy(label, *rest):
+        worker = real_adopt(label, *rest)
         adopted.append((label, worker))
         return worker
 

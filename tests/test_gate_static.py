@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tilesmith.gate.static_scan import RULE_RATIONALE, findings_to_failures, scan
+from tilesmith.gate.host.static_scan import RULE_RATIONALE, findings_to_failures, scan
 
 FIXTURES = sorted((Path(__file__).parent / "fixtures" / "inductor-h200").glob("*.wrapper.py"))
 CPU_FIXTURES = sorted((Path(__file__).parent / "fixtures" / "wrappers").glob("*.py"))
@@ -97,7 +97,7 @@ def test_builtin_agent_candidates_pass():
     ("m = torch.sys.modules", "static_introspection"),
     ("f = call.__globals__", "static_introspection"),
     ("exec('x = 1')", "static_introspection"),
-    ("import tilesmith.gate.worker_core", "static_introspection"),
+    ("import tilesmith.gate.worker.core", "static_introspection"),
     ("open('/etc/passwd').read()", "static_file_access"),
     ("os.listdir('/')", "static_file_access"),
     ("k = os.environ['OPENAI_API_KEY']", "static_file_access"),
@@ -170,7 +170,10 @@ OBFUSCATED_NOW_STATIC = {
     "harness_patch": "static_introspection", "baseline_sabotage": "static_introspection",
     "tf32_flip_hidden_cuda": "static_global_state", "event_timer_patch_hidden": "static_dynamic_access",
     "segfault": "static_process_control", "os_exit": "static_process_control",
+    "native_thread_at_first_call": "static_concurrency",
 }
+#: Runtime-check cheats whose plain spelling the scan refuses (their tests run with the scan off).
+PLAIN_NOW_STATIC = {"native_thread_at_import": "static_concurrency"}
 
 
 def test_cuda_cheats_and_faults_get_past_the_scan_unless_they_hide_names():
@@ -203,6 +206,8 @@ def test_hidden_cpu_cheats_get_past_the_scan_unless_they_hide_names_and_plain_on
             assert cheat.check in found, cheat.name
         elif cheat.name in OBFUSCATED_NOW_STATIC:
             assert {OBFUSCATED_NOW_STATIC[cheat.name], "static_dynamic_access"} <= found, (cheat.name, found)
+        elif cheat.name in PLAIN_NOW_STATIC:
+            assert PLAIN_NOW_STATIC[cheat.name] in found, (cheat.name, found)
         else:
             assert found == set(), (cheat.name, found)
     for fault in FAULTS:

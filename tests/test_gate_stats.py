@@ -1,12 +1,13 @@
-"""The acceptance statistic: median per-pair ratio with a bootstrap CI, and the two-phase rule's error rates
-under a simulated timing-noise model (the real rates on the H200 come from bench/gate_calibration.py)."""
+"""The acceptance statistic: median per-pair ratio with a bootstrap CI, the sequential test (looks every 10 pairs,
+Bonferroni over the looks), and the two-phase rule's error rates under a simulated timing-noise model (the real
+rates on the H200 come from bench/gate_calibration.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from tilesmith.gate import stats
+from tilesmith.gate.host import stats
 
 
 def test_speedup_is_the_median_of_per_pair_ratios_not_a_ratio_of_medians():
@@ -88,7 +89,7 @@ def test_runtime_modules_import_and_compute_without_numpy():
         "names = [m.name for m in pkgutil.walk_packages(tilesmith.__path__, 'tilesmith.')\n"
         "         if not m.name.endswith('__main__')]\n"
         "for name in names: importlib.import_module(name)\n"
-        "from tilesmith.gate import stats, worker_runtime\n"
+        "from tilesmith.gate.host import stats\nfrom tilesmith.gate.worker import runtime as worker_runtime\n"
         "import torch\n"
         "st = stats.paired_speedup([2.0, 2.2, 1.9], [1.0, 1.0, 1.0])\n"
         "print(len(names), st.speedup, worker_runtime.rng_digest(torch.device('cpu')))\n"
@@ -97,3 +98,68 @@ def test_runtime_modules_import_and_compute_without_numpy():
     assert proc.returncode == 0, proc.stderr[-3000:]
     count, speedup, digest = proc.stdout.split()
     assert int(count) > 50 and float(speedup) == pytest.approx(2.0) and len(digest) == 16
+
+
+def _sequential_gate(true_gain: float, noise: float, rng: np.random.Generator, max_pairs: int = 30,
+                     drift: float = 0.05) -> tuple[bool, int]:
+    """One two-phase gate under the sequential rule (``stats.decide`` after every block of pairs, exactly as the
+    host's timing loop calls it); returns (accepted, pairs used over both phases)."""
+    used = 0
+    for _phase in range(2):
+        common = np.exp(rng.normal(0, drift))
+        base = common * np.exp(rng.normal(0, noise, max_pairs))
+        cand = common / (1 + true_gain) * np.exp(rng.normal(0, noise, max_pairs))
+        seed = int(rng.integers(1 << 30))
+        for n in stats.looks(max_pairs):
+            decision, _ = stats.decide(base[:n], cand[:n], max_pairs, 0.02, seed=seed)
+            if decision != "continue":
+                break
+        used += n
+        if decision != "pass":
+            return False, used
+    return True, used
+
+
+def _sequential_rate(true_gain: float, noise: float, trials: int, seed: int) -> tuple[float, float]:
+    rng = np.random.default_rng(seed)
+    runs = [_sequential_gate(true_gain, noise, rng) for _ in range(trials)]
+    return sum(ok for ok, _ in runs) / trials, float(np.mean([n for _, n in runs]))
+
+
+def test_looks_and_the_bonferroni_level():
+    assert stats.looks(30) == [10, 20, 30] and stats.looks(10) == [10] and stats.looks(4) == [4]
+    assert stats.looks(25) == [10, 20, 25]
+    assert stats.look_alpha(30) == pytest.approx(0.05 / 3) and stats.look_alpha(10) == pytest.approx(0.05)
+    rng = np.random.default_rng(5)
+    base = list(1.0 + rng.normal(0, 0.02, 30))
+    cand = list(np.array(base) * np.exp(rng.normal(0, 0.02, 30)))
+    wide, narrow = stats.paired_speedup(base, cand, alpha=0.05 / 3), stats.paired_speedup(base, cand)
+    assert wide.ci_low < narrow.ci_low <= narrow.ci_high < wide.ci_high  # the corrected interval is wider
+
+
+def test_sequential_decisions_stop_early_only_when_clear():
+    same = [1.0] * 10
+    assert stats.decide(same, [0.5] * 10, 30, 0.02)[0] == "pass"        # 2× faster: accepted at the first look
+    assert stats.decide(same, [1.2] * 10, 30, 0.02)[0] == "slower"      # clearly slower: stop
+    assert stats.decide(same, same, 30, 0.02)[0] == "marginal"          # A/A without noise: CI high 1 < 1.02
+    noisy = [0.93, 1.13] * 5                                            # median 1.03, interval 0.93 … 1.13
+    assert stats.decide(noisy, [1.0] * 10, 30, 0.02)[0] == "continue"   # unclear after 10 pairs: sample more
+    assert stats.decide(noisy, [1.0] * 10, 10, 0.02)[0] == "marginal"   # the last look always decides
+
+
+def test_sequential_identical_candidate_is_almost_never_accepted():
+    rate, used = _sequential_rate(0.0, 0.03, trials=600, seed=11)
+    assert rate <= 0.001, rate
+
+
+def test_sequential_true_five_percent_gain_is_accepted():
+    rate, _ = _sequential_rate(0.05, 0.03, trials=300, seed=12)
+    assert rate >= 0.95, rate
+
+
+def test_sequential_rule_stops_after_the_first_look_at_low_noise():
+    """At 1 % noise (launch-bound graphs on the H200) both A/A and a true 5 % gain decide after 10 pairs."""
+    aa_rate, aa_used = _sequential_rate(0.0, 0.01, trials=100, seed=13)
+    gain_rate, gain_used = _sequential_rate(0.05, 0.01, trials=100, seed=14)
+    assert aa_rate == 0.0 and aa_used <= 12  # one phase, (almost always) its first look
+    assert gain_rate >= 0.99 and gain_used <= 21  # two phases of 10 pairs

@@ -3,10 +3,11 @@ others, and cannot reuse results across the calls of a sample.
 
 Two layers:
 
-- In-process: the worker's timing handler (:func:`tilesmith.gate.worker_timing.run_timing`) runs in its own
+- In-process: the worker's timing handler (:func:`tilesmith.gate.worker.timing.run_timing`) runs in its own
   thread (so a frame walk from the candidate sees only worker frames, as in the real worker process) and
-  the host driver (:func:`tilesmith.gate.timing.run_samples`) talks to it through queues. Candidates are
-  plain Python callables; these tests do not depend on audit hooks or on timing.
+  the host driver (:func:`tilesmith.gate.host.timing.run_timing`) talks to it through queues; here one worker
+  holds both arms (in the gate the original's arm is in the trusted worker). Candidates are plain Python
+  callables; these tests do not depend on audit hooks or on timing.
 - Real gate (CPU test mode): the red team's wrapper edits (tests/cheats/redteam_timing.py) are rejected.
 """
 
@@ -23,10 +24,11 @@ import pytest
 import torch
 
 from tests.cheats import redteam_timing as rt
-import tilesmith.gate.worker_core  # noqa: F401 - binds worker_timing's trusted clocks (the worker does this at start)
-from tilesmith.gate import timing
-from tilesmith.gate.reference import RefResult
-from tilesmith.gate.worker_timing import choose_k, distinct_capacity, fill_set, roll_finite_, run_timing
+from tilesmith.gate.host import timing
+from tilesmith.gate.host.reference import RefResult
+from tilesmith.gate.host.timing import choose_k
+from tilesmith.gate.inputs import call_values, distinct_capacity, fill_set, roll_finite_
+from tilesmith.gate.worker.timing import run_timing
 
 ROUNDS = 30
 K = 4
@@ -46,6 +48,7 @@ class _ThreadWorker:
         self.fake = SimpleNamespace(device=torch.device(device), expected=expected,
                                     modules={n: SimpleNamespace(fn=f) for n, f in fns.items()},
                                     inputs=lambda path: pool[path])
+        self.pid, self.role, self.label, self.stopped = 0, "candidate", "thread worker", False
         self.inbox: queue.Queue = queue.Queue()
         self.outbox: queue.Queue = queue.Queue()
         self.thread = threading.Thread(target=self._serve, daemon=True)
@@ -66,14 +69,36 @@ class _ThreadWorker:
         self.inbox.put({"op": op, **fields})
         return self.outbox.get(timeout=120)
 
+    def alive(self) -> bool:
+        return True
+
+    def stop(self) -> bool:
+        return True
+
+    def resume(self) -> None:
+        pass
+
     def close(self) -> None:
         self.inbox.put(None)
         self.thread.join(timeout=30)
 
 
 class _Ref:
-    def run(self, values: list[Any], seed: int, repeat: int = 1) -> RefResult:
-        return RefResult(list(_reference([v.clone() for v in values])), [])
+    """The trusted reference, in-process: rebuilds a timed call's inputs from the pool entry's values."""
+
+    def __init__(self, pool: dict[str, list[Any]]) -> None:
+        self.pool = pool
+
+    def submit(self, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return runs
+
+    def collect(self, runs: list[dict[str, Any]], what: str = "") -> list[RefResult]:
+        out = []
+        for run in runs:
+            t = run["timing"]
+            values = call_values(self.pool[t["pool"]], t["factors"], t["shift"], t["call"], t.get("static", ()))
+            out.append(RefResult(list(_reference([v.clone() for v in values])), []))
+        return out
 
 
 def _pool_values() -> list[list[torch.Tensor]]:
@@ -92,14 +117,16 @@ def _evaluate(cand: Any, tmp_path: Path, k: int = K, rounds: int = ROUNDS, stati
     worker = _ThreadWorker({"orig": _reference, "cand": cand}, pool, expected, device)
     try:
         sched = timing.make_schedule(["orig", "cand"], pool_values, rounds, seed=1, static=static)
-        answer = timing.run_samples(worker, sched, [Path(p) for p in pool], target_ms=0.01, max_sample_ms=50.0,
-                                    flush=1024, expected=expected, start_timeout_s=60, sample_timeout_s=60,
-                                    spot_path=tmp_path / "spots.pt", warmup_ms=0.0, calls_per_sample=k)
+        run = timing.TimingRun(holders={"orig": worker, "cand": worker}, untrusted=[], pool=list(pool),
+                               target_ms=0.01, max_sample_ms=50.0, flush=1024, expected=expected,
+                               start_timeout_s=60, sample_timeout_s=60, spot_dir=tmp_path, warmup_ms=0.0,
+                               calls_per_sample=k, sequential=False)
+        answer = timing.run_timing(run, sched)
     finally:
         worker.close()
     assert answer["ok"], answer
     ref_expected = RefResult(list(_reference([v.clone() for v in pool_values[0]])), [])
-    fails = timing.spot_failures(answer, sched, pool_values, _Ref(), ref_expected, tf32=False, uses_rng=False)
+    fails = timing.spot_failures(answer, sched, list(pool), _Ref(pool), ref_expected, tf32=False, uses_rng=False)
     return answer, sched, fails
 
 
@@ -114,8 +141,9 @@ def test_honest_candidate_passes_spot_checks_on_calls_chosen_after_each_sample(t
     answer, sched, fails = _evaluate(_reference, tmp_path)
     assert fails == []
     assert answer["calls_per_sample"] == K
-    assert len(sched.picks) == ROUNDS + timing.SPOT_CHECKS_BASELINE
-    assert sorted(answer["keys"]) == sorted(list(p) for p in sched.picks)
+    assert len(sched.picks) == ROUNDS  # every candidate round; the trusted original's arm is not spot-checked
+    keys = [k for spot in answer["spots"].values() for k in spot["keys"]]
+    assert sorted(keys) == sorted(list(p) for p in sched.picks)
     assert all(0 <= c < K for _, _, c in sched.picks)
 
 
@@ -249,8 +277,7 @@ def test_static_input_has_one_address_per_sample_others_k_and_the_host_rebuilds_
         assert len({x_ptr for _, x_ptr, _, _ in sample}) == K, f"round {r}: activations share a buffer"
         assert sample[0][0] not in {x_ptr for _, x_ptr, _, _ in sample}
         for c, (_, _, w, x) in enumerate(sample):
-            host = timing.set_values(pool_values[rnd["set"]], rnd["factors"], rnd["shift"] + c,
-                                     static=sched.static, static_shift=rnd["shift"])
+            host = call_values(pool_values[rnd["set"]], rnd["factors"], rnd["shift"], c, static=sched.static)
             assert torch.equal(host[0].view(torch.int32), w.view(torch.int32)), f"round {r}, call {c}: weight"
             assert torch.equal(host[1].view(torch.int32), x.view(torch.int32)), f"round {r}, call {c}: activation"
         assert not torch.equal(sample[0][3], sample[1][3])  # activations differ within the sample
@@ -306,7 +333,7 @@ def test_fill_set_matches_the_host_rebuild_bit_for_bit_and_keeps_non_finite_posi
     target = [torch.empty_like(x), torch.as_strided(torch.empty(45), strided.shape, strided.stride()),
               torch.empty_like(idx), 3]
     fill_set(target, source, [2.0, -1.0, 1.0, 1.0], 5)
-    host = timing.set_values(source, [2.0, -1.0, 1.0, 1.0], 5)
+    host = call_values(source, [2.0, -1.0, 1.0, 1.0], 5, 0)
     for got, exp in zip(target[:3], host[:3]):
         torch.testing.assert_close(got, exp, rtol=0, atol=0, equal_nan=True)
     assert torch.isneginf(target[0][1, 2]) and torch.isnan(target[0][4, 0])
@@ -348,7 +375,7 @@ def gate(tmp_path_factory):
         mp.setattr(timing, "SPOT_CHECKS", 8)
         # The static scan (and, where present, audit hooks) also reject these; switch the scan off so the
         # timing layer itself is what these tests check.
-        mp.setattr("tilesmith.gate.gate.scan", lambda source: [])
+        mp.setattr("tilesmith.gate.host.gate.scan", lambda source: [])
         g = Gate(gs.make_problem(cap, root / "snapshot", label="c0ffee00 (timing)"), reference=cap.ref_fn,
                  profiles_dir=root / "profiles", timing_pairs=8)
         yield g, cap

@@ -219,7 +219,7 @@ def test_kernel_dir_follows_the_settings(tmp_path, monkeypatch):
 
 
 def test_gate_workers_get_the_kernel_dir_and_no_other_setting(tmp_path):
-    from tilesmith.gate.process import worker_environment
+    from tilesmith.gate.host.process import worker_environment
 
     env = {"PATH": "/usr/bin", "TILESMITH_CACHE_DIR": str(tmp_path / "root"), "TILESMITH_MODEL": "x"}
     clean = worker_environment(env)
@@ -231,7 +231,7 @@ _HARNESS = textwrap.dedent('''
     import importlib.util, json, os, sys
     import torch                                     # imported before arming, as in the worker
     import tilesmith.kernels.runtime
-    from tilesmith.gate import audit
+    from tilesmith.gate.worker import audit
     priv, kdir, allow = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
     auditor = audit.install(priv, readable=(kdir,) if allow else ())
     auditor.arm()

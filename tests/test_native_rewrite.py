@@ -27,7 +27,7 @@ from tilesmith.agent.builtin.cudagraph import cudagraph_source
 from tilesmith.agent.builtin.native import BEGIN, NAME, NativeKernelGenerator, native_source
 from tilesmith.agent.builtin.native_match import match_program
 from tilesmith.agent.builtin.optimizer import BuiltinOptimizer, default_generators
-from tilesmith.gate.static_scan import scan
+from tilesmith.gate.host.static_scan import scan
 
 KEY = SimpleNamespace(family="softmax", key="ab" * 32, arch="sm_90a", torch_version="2.11.0+cu130",
                       nvcc_version="Cuda compilation tools, release 13.0, V13.0.88")

@@ -301,7 +301,7 @@ def _cancelling(seed):
 
 def test_honest_rounding_beyond_the_elementwise_tolerance_is_judged_against_the_originals_noise(stand_in_gate,
                                                                                                  monkeypatch):
-    from tilesmith.gate.compare import compare_output
+    from tilesmith.gate.host.compare import compare_output
 
     more_precise = vs.rebind_call("x = args[0]\nout = _inner(args)\nout[0].copy_(x.double().sum(1).float())\n"
                                   "return out")

@@ -62,7 +62,7 @@ def compile(  # noqa: A001 - mirrors torch.compile on purpose
         The ``torch.compile`` callable: same call signature, same outputs, works with ``.backward()``.
 
     Side effect: when a graph may be eligible (CUDA already initialized in this process, or CPU test mode) it
-    starts one gate worker process at once (``TILESMITH_PRESTART_WORKER``, :mod:`tilesmith.gate.standby`), so
+    starts one gate worker process at once (``TILESMITH_PRESTART_WORKER``, :mod:`tilesmith.gate.host.standby`), so
     that the worker's torch import overlaps with Dynamo's compile; the first gate adopts it.
 
     Raises:
@@ -101,9 +101,10 @@ def compile(  # noqa: A001 - mirrors torch.compile on purpose
 
         compiled = torch.compile(model, backend=TilesmithBackend(run.on_compiled), **torch_compile_kwargs)
         if allow_cpu or torch.cuda.is_initialized():  # a graph may be eligible; CUDA state is left as it is
-            from tilesmith.gate import standby
+            from tilesmith.gate.host import standby
 
-            standby.prestart()  # its torch import overlaps with Dynamo's compile at the first call
+            # its torch import overlaps with Dynamo's compile at the first call
+            standby.prestart("cuda" if torch.cuda.is_initialized() else "cpu")
     _register(compiled, run)
     return compiled
 

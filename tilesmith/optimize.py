@@ -81,7 +81,10 @@ def _stages(run: Any, handle: Any, track: Track, snap: Any, hit: Any, background
                     min_improvement=run.options.min_improvement, profiles_dir=track.profiles)
         if progress:
             progress.graph_started(label)
-        if hit is not None and _install_hit(run, handle, track, gate, hit, background):
+        if getattr(gate, "memory_problem", None):  # the graph cannot be evaluated in the memory left
+            _keep(run, track, "gate_memory", f"graph {gate.memory_problem}")
+            outcome = "gate_memory"
+        elif hit is not None and _install_hit(run, handle, track, gate, hit, background):
             outcome = "cache hit installed"
         else:
             outcome = _run_optimizer(run, handle, track, gate, progress)

@@ -109,7 +109,9 @@ class Timing:
     of that median.
     """
 
-    method: Literal["cuda_event", "host_clock"]
+    method: Literal["cuda_event", "process_cpu_time", "host_clock"]
+    """How a sample was measured: CUDA events around the calls (GPU), the worker process's CPU time of every
+    thread (CPU test mode, the gate), or a host wall clock (CPU, outside the gate: roofline, benchmarks)."""
     calls_per_sample: int
     baseline_ms: tuple[float, ...]
     candidate_ms: tuple[float, ...]
@@ -165,6 +167,7 @@ VerdictStatus = Literal[
     "rejected_unconfirmed",
     "rejected_duplicate",
     "rejected_policy",
+    "gate_memory",
 ]
 
 

@@ -181,7 +181,7 @@ def exec_static(src: str) -> str:
 def harness_patch(src: str) -> str:
     # Reach the worker's own module through a re-export of sys and replace one of its functions.
     return module_code(src, '_s = getattr(torch, "s" + "ys")\n'
-                            'vars(_s.modules["tilesmith.gate.worker_core"])["describe"] = lambda exc: {}')
+                            'vars(_s.modules["tilesmith.gate.worker.core"])["describe"] = lambda exc: {}')
 
 
 def baseline_sabotage(src: str) -> str:
@@ -194,6 +194,20 @@ for _n, _m in list(_s.modules.items()):
         for _k, _v in list(vars(_m).items()):
             if _k.startswith("cpp_fused"):
                 vars(_m)[_k] = (lambda f: (lambda *a: (_t.sleep(0.002), f(*a))[1]))(_v)""")
+
+
+def native_thread_at_import(src: str) -> str:
+    # Red team (issue 15, "contention"): a thread started through the low-level module, invisible to
+    # threading.enumerate, that would burn CPU while the original's samples run. Only the OS sees it.
+    return module_code(src, "import _thread as _low\nimport time as _time\n"
+                            "_low.start_new_thread(lambda: [_time.sleep(0.0005) for _ in iter(int, 1)], ())")
+
+
+def native_thread_at_first_call(src: str) -> str:
+    # The same, started lazily from the first call (after the import's checks), through a re-export.
+    src = module_code(src, '_LOW = getattr(torch.cuda, "_" + "thread", None) or __import__("_th" + "read")\n'
+                           '_STARTED = []')
+    return after_clear(src, ["if not _STARTED:", "    _STARTED.append(_LOW.start_new_thread(lambda: [None for _ in iter(int, 1)], ()))"])
 
 
 CHEATS = [
@@ -253,6 +267,13 @@ CHEATS = [
           "runs code through exec"),
     Cheat("harness_patch", "ln", harness_patch, "monkeypatch", "rejected_global_state",
           "replaces a function of the gate worker itself"),
-    Cheat("baseline_sabotage", "ln", baseline_sabotage, "monkeypatch", "rejected_global_state",
-          "slows the original wrapper's kernels in the same worker to fake a speedup"),
+    Cheat("native_thread_at_import", "ln", native_thread_at_import, "os_threads", "rejected_global_state",
+          "starts a thread through _thread at import (not in threading.enumerate)"),
+    Cheat("native_thread_at_first_call", "ln", native_thread_at_first_call, "os_threads", "rejected_global_state",
+          "starts a spinning _thread thread from its first call"),
 ]
+
+#: The red team's reference sabotage (issue 15): looks for the original's kernels in the same process. The
+#: original now never shares a process with candidate code, so it finds only the candidate's own kernels
+#: (tests/test_gate_cheats.py: not accepted, and the trusted worker's original is untouched).
+SABOTAGE = baseline_sabotage

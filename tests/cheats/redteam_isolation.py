@@ -56,7 +56,7 @@ def traceback_frame_walk(src: str) -> str:
 def gate_detect(src: str) -> str:
     """Finding 4 (t3_introspection detect): True inside the gate worker (its harness module is imported).
     Reading ``sys.modules`` raises no audit event: only the static scan can see this spelling."""
-    return module_code(src, _SYS + '\n_IN_GATE = "tilesmith.gate.worker_core" in _S.modules')
+    return module_code(src, _SYS + '\n_IN_GATE = "tilesmith.gate.worker.core" in _S.modules')
 
 
 def read_file_into_verdict(src: str, path: str) -> str:

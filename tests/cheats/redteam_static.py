@@ -115,7 +115,7 @@ def spot_aware(src: str) -> str:
 
 def gate_detect(src: str) -> str:
     """t3: tell the gate worker from the user's process by the harness module being imported."""
-    return module_code(src, '_S = getattr(torch, "s" + "ys")\n_IN_GATE = "tilesmith.gate.worker_core" in _S.modules')
+    return module_code(src, '_S = getattr(torch, "s" + "ys")\n_IN_GATE = "tilesmith.gate.worker.core" in _S.modules')
 
 
 def refcount_spot(src: str) -> str:

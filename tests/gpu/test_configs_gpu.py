@@ -63,7 +63,7 @@ def test_portfolio_variants_compile_screen_pin_and_match_the_original(case):
     from tilesmith.agent.builtin.configs import portfolio
     from tilesmith.agent.builtin.cudagraph import cudagraph_source
     from tilesmith.agent.builtin.profile import run_search
-    from tilesmith.gate.static_scan import scan
+    from tilesmith.gate.host.static_scan import scan
 
     torch.manual_seed(0)
     if case == "gemm_bf16":

@@ -292,7 +292,7 @@ def test_native_candidate_matches_the_original_cuda_wrapper(kernels, family):
     from tests import gate_support as gs
     from tilesmith.agent.builtin.base import GraphContext
     from tilesmith.agent.builtin.native import NativeKernelGenerator
-    from tilesmith.gate.static_scan import scan
+    from tilesmith.gate.host.static_scan import scan
     from tilesmith.install.loader import load_wrapper
 
     fn, inputs = _cases()[family]

@@ -20,7 +20,7 @@ def is_oom(exc: BaseException) -> bool:
 
 
 def output_facts(outputs: Any, inputs: list[Any]) -> list[dict[str, Any]]:
-    """Layout and aliasing of each output, in the form :func:`tilesmith.gate.compare.compare_structure` reads."""
+    """Layout and aliasing of each output, in the form :func:`tilesmith.gate.host.compare.compare_structure` reads."""
     if not isinstance(outputs, (tuple, list)):
         return [{"kind": "not_a_sequence", "type": type(outputs).__qualname__}]
     facts: list[dict[str, Any]] = []

@@ -11,7 +11,7 @@ call after ``interval`` seconds without a check; ``TILESMITH_VERIFY``, :class:`t
    random numbers (the gate requires identical random streams from the same seed, docs/gate.md);
 3. runs the installed wrapper on the caller's own tensors and argument list (a CUDA-graph candidate still sees
    the addresses it pinned);
-4. compares, with the gate's functions and tolerances (:mod:`tilesmith.gate.compare`): output structure
+4. compares, with the gate's functions and tolerances (:mod:`tilesmith.gate.host.compare`): output structure
    (count, types, shapes, dtypes, devices, strides, aliasing), output values, inputs written in place (as the
    original writes them; the others must be unchanged), the RNG states after both, and the process's OS threads
    (:mod:`tilesmith.install.threads`). An elementwise value failure is judged once more against the original's
@@ -44,7 +44,7 @@ from typing import Any
 import torch
 
 from tilesmith import settings
-from tilesmith.gate.compare import check_values, compare_output, compare_structure, tolerance_for
+from tilesmith.gate.host.compare import check_values, compare_output, compare_structure, tolerance_for
 from tilesmith.install.shadow import (
     PERTURB_ULPS,
     is_oom,

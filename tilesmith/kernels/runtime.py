@@ -11,7 +11,7 @@ and GPU, and imports the extension library the manifest names (a pybind11 module
 return tensors). The build itself happens earlier, in the host process (:mod:`tilesmith.kernels.build`,
 under a file lock). Because the reads happen in this library's frames, a gate worker's audit hook sees a
 library reading Tilesmith's kernel directory; the worker allows exactly that directory for reading
-(``TILESMITH_KERNEL_DIR``, passed to workers by :func:`tilesmith.gate.process.worker_environment`), and the
+(``TILESMITH_KERNEL_DIR``, passed to workers by :func:`tilesmith.gate.host.process.worker_environment`), and the
 gate's static scan allows exactly this import (``docs/gate.md``, "Native kernels").
 
 Errors: :class:`KernelUnavailable` (an ``ImportError``) names the family, the key, what is missing or

@@ -57,7 +57,8 @@ class GateProblem:
         return Path(self.snapshot_dir) / "constants.pt"
 
     def load_inputs(self) -> list[Any]:
-        """The first call's inputs as CPU tensors (layouts kept) and scalars, validated against the graph.
+        """The first call's inputs as CPU tensors (layouts kept; memory-mapped from the file) and scalars,
+        validated against the graph.
 
         Raises:
             FileNotFoundError: ``inputs.pt`` is missing.
@@ -67,7 +68,8 @@ class GateProblem:
         if not self.inputs_path.is_file():
             raise FileNotFoundError(f"{self.label}: {self.inputs_path} is missing; the pipeline must save the first "
                                     f"call's inputs there before building the gate")
-        values = torch.load(self.inputs_path, weights_only=True, map_location="cpu")
+        # mmap: a snapshot of gigabytes is validated without a host copy of it (the workers read it themselves)
+        values = torch.load(self.inputs_path, weights_only=True, map_location="cpu", mmap=True)
         if not isinstance(values, list):
             raise ValueError(f"{self.label}: {self.inputs_path} must hold a list (got {type(values).__name__})")
         specs = self.graph.inputs

@@ -2,7 +2,7 @@
 
 The only process in which candidate code is imported and run. It has its own CUDA context, a private
 working directory holding its own Inductor/Triton caches and temporary files, an environment without
-secrets, core dumps disabled, a file-size limit, and a PEP 578 audit hook (:mod:`tilesmith.gate.audit`)
+secrets, core dumps disabled, a file-size limit, and a PEP 578 audit hook (:mod:`tilesmith.gate.worker.audit`)
 installed before torch is imported and armed right before the candidate's import. It
 answers JSON requests (see :mod:`tilesmith.gate.protocol`):
 
@@ -14,7 +14,7 @@ answers JSON requests (see :mod:`tilesmith.gate.protocol`):
           output types/layouts/aliasing, input bytes changed, guard tails hit, outputs changed after
           return, RNG digest, global-state and identity changes, new threads; outputs are saved with
           ``torch.save`` for the host to compare.
-``time``  paired timing samples (:mod:`tilesmith.gate.worker_timing`).
+``time``  paired timing samples (:mod:`tilesmith.gate.worker.timing`).
 ``exit``  leave.
 
 Nothing here decides anything: the host interprets the facts and compares the outputs itself.
@@ -67,15 +67,15 @@ def main() -> int:
     proto_in, proto_out_fd = _secure_stdio()
     _limit_resources()
     # The audit hook goes in before torch (and long before any candidate) is imported; it judges events
-    # only once armed, right before the candidate's import (tilesmith.gate.audit).
-    from tilesmith.gate import audit
+    # only once armed, right before the candidate's import (tilesmith.gate.worker.audit).
+    from tilesmith.gate.worker import audit
 
     # Tilesmith's native kernel builds (tilesmith.kernels.runtime reads them when a candidate loads one):
     # readable, never writable (docs/gate.md, "Native kernels").
     kernel_dir = os.environ.get("TILESMITH_KERNEL_DIR", "")
     auditor = audit.install(os.getcwd(), readable=(kernel_dir,) if kernel_dir else ())
     _watch_parent()
-    from tilesmith.gate.worker_core import Worker
+    from tilesmith.gate.worker.core import Worker
 
     worker = Worker(proto_out_fd, auditor)
     worker.announce()

@@ -1,6 +1,6 @@
 """One gate worker started ahead of need, so its interpreter start and torch import overlap with compilation.
 
-A gate worker is a fresh ``python -m tilesmith.gate.worker`` (:mod:`tilesmith.gate.process`); before it
+A gate worker is a fresh ``python -m tilesmith.gate.worker`` (:mod:`tilesmith.gate.host.process`); before it
 can do anything it imports torch and Inductor, which took 4.7–6.2 s on a 2-core CPU
 (``python -c "import torch, torch._inductor.compile_fx"``). The first gate of a process waits for that
 inside the graph's first call, which is what an artifact-cache hit's blocking re-check pays (docs/cache.md).
@@ -51,25 +51,27 @@ _timer: threading.Timer | None = None  # kills it after MAX_IDLE_S
 _atexit_registered = False
 
 
-def prestart() -> bool:
+def prestart(device_type: str = "cuda") -> bool:
     """Start the standby worker unless a usable one is waiting or ``TILESMITH_PRESTART_WORKER=0``; never raises.
 
-    A waiting one whose environment no longer matches is replaced. Returns whether one is waiting afterwards.
+    ``device_type`` (``"cuda"`` or ``"cpu"``, test mode) picks the worker environment (CPU workers get
+    :data:`tilesmith.gate.host.process.CPU_THREAD_ENV`). A waiting one whose environment no longer matches is replaced.
+    Returns whether one is waiting afterwards.
     """
     global _standby, _timer, _atexit_registered
     if not settings.get("TILESMITH_PRESTART_WORKER"):
         return False
-    from tilesmith.gate.process import WorkerProcess
+    from tilesmith.gate.host.process import WorkerProcess
 
     with _LOCK:
-        if _standby is not None and _matches_locked():
+        if _standby is not None and _matches_locked(device_type):
             return True
         _discard_locked()
         parent = None
         try:
             parent = Path(tempfile.mkdtemp(prefix="tilesmith-standby-"))
             os.chmod(parent, 0o700)
-            worker = WorkerProcess(parent, label="standby worker")
+            worker = WorkerProcess(parent, label="standby worker", device_type=device_type)
             worker.extra_dirs = (parent,)
         except Exception:  # noqa: BLE001 - no standby: the gate starts its workers as before
             if parent is not None:
@@ -85,7 +87,7 @@ def prestart() -> bool:
         return True
 
 
-def adopt(label: str) -> Any:
+def adopt(label: str, device_type: str = "cuda") -> Any:
     """The waiting standby worker, relabelled ``label``, or ``None`` (none waiting, it died, or the environment
     a fresh worker would get differs from its own beyond :func:`comparable`). The caller owns the worker
     (``kill()`` also removes the standby's parent folder). The start deadline is counted from adoption: a
@@ -94,7 +96,7 @@ def adopt(label: str) -> Any:
     with _LOCK:
         if _standby is None:
             return None
-        if not _matches_locked():
+        if not _matches_locked(device_type):
             _discard_locked()
             return None
         worker, _standby = _standby, None
@@ -135,18 +137,18 @@ def discard() -> None:
 def comparable(environ: dict[str, str]) -> dict[str, str]:
     """The part of a worker environment that can make two workers differ: without the folders every worker gets
     its own of (``PRIVATE_CACHE_DIRS``), without :data:`SET_BY_TORCH` and ``_TORCHINDUCTOR_*``."""
-    from tilesmith.gate.process import PRIVATE_CACHE_DIRS
+    from tilesmith.gate.host.process import PRIVATE_CACHE_DIRS
 
     return {k: v for k, v in environ.items()
             if k not in PRIVATE_CACHE_DIRS and k not in SET_BY_TORCH and not k.startswith("_TORCHINDUCTOR_")}
 
 
-def _matches_locked() -> bool:
-    from tilesmith.gate.process import worker_environment
+def _matches_locked(device_type: str) -> bool:
+    from tilesmith.gate.host.process import worker_environment
 
     if not _standby.alive():
         return False
-    theirs, ours = comparable(_standby.environ), comparable(worker_environment())
+    theirs, ours = comparable(_standby.environ), comparable(worker_environment(None, device_type))
     if theirs != ours:
         log.debug("tilesmith: standby worker not used: environment differs in %s",
                   sorted(k for k in theirs.keys() | ours.keys() if theirs.get(k) != ours.get(k)))

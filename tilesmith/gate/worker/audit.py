@@ -5,7 +5,7 @@ before any candidate), adds one ``sys.addaudithook`` hook (PEP 578: it cannot be
 :class:`Audit` handle. The hook does nothing until :meth:`Audit.arm`, which the worker calls right before
 it imports the candidate; from then on every audited event raised **from candidate code** is recorded
 (and, by raising :class:`PermissionError` inside the event, blocked). The worker drains the records into
-every answer (``facts["audit"]``); the host turns them into failures with :func:`failures_from_answer`.
+every answer (``facts["audit"]``); the host turns them into failures with :func:`tilesmith.gate.host.answers.failures_from_answer`.
 
 What "from candidate code" means (the attribution rule):
 
@@ -54,7 +54,8 @@ arguments) does not raise audit events; frame access laundered through a library
 itself (the *direct* events) is not attributed; telling the gate from the user's process apart by
 looking at ``sys.modules``, the environment or the working directory raises no event at all.
 
-This module is imported by the worker before torch: it imports only the standard library at module level.
+This module is imported by the worker before torch: it imports only the standard library (and the stdlib-only
+:mod:`tilesmith.gate.protocol`) at module level.
 """
 
 from __future__ import annotations
@@ -64,8 +65,6 @@ import re
 import sys
 from typing import Any
 
-AUDIT_CHECKS = ("audit_introspection", "audit_file_write", "audit_file_read", "audit_process", "audit_network",
-                "audit_native")
 _MAX_RECORDS = 24
 
 # -- events -------------------------------------------------------------------------------------------
@@ -99,8 +98,12 @@ _NATIVE = {"mmap.__new__"}
 #: Executables a library may start under candidate code (Inductor's C++ build, Triton's ptxas/cc).
 #: Rationale: torch 2.11 ``cpp_builder._run_compile_cmd`` and Triton's nvidia backend spawn these while the
 #: candidate's kernels compile at import; their arguments are not checked (native code is a residual risk).
+#: ``openssl``: torch 2.11 ``codecache._precompile_header`` hashes the preprocessed header with ``openssl sha512``
+#: at the first C++ kernel build of a process, which in a candidate worker is the candidate's (the original is
+#: never loaded there).
 _COMPILERS = {"g++", "gcc", "c++", "cc", "clang", "clang++", "icx", "icpx", "nvcc", "ptxas", "nvlink", "fatbinary",
-              "cuobjdump", "nvdisasm", "ld", "ld.lld", "ld.gold", "objcopy", "ar", "hipcc", "ldconfig", "ccache"}
+              "cuobjdump", "nvdisasm", "ld", "ld.lld", "ld.gold", "objcopy", "ar", "hipcc", "ldconfig", "ccache",
+              "openssl"}
 
 _VERSION_SUFFIX = re.compile(r"-\d+(\.\d+)*$")
 
@@ -431,56 +434,3 @@ def install(private_dir: str, readable: tuple[str, ...] = ()) -> Audit:
 
     sys.addaudithook(hook)
     return Audit(state)
-
-
-# -- host side -------------------------------------------------------------------------------------
-_REMEDY = {
-    "audit_introspection": "A wrapper must not inspect frames, the garbage collector, tracing hooks or code objects, "
-                           "nor create code at run time.",
-    "audit_file_write": "A wrapper may write only through Inductor into the worker's own cache, never elsewhere and "
-                        "never over the original's files.",
-    "audit_file_read": "A wrapper must not read files outside the Python installation and its own cache.",
-    "audit_process": "A wrapper must not start, signal or re-environment processes (Inductor's own compiler runs "
-                     "are allowed).",
-    "audit_network": "A wrapper must not use the network.",
-    "audit_native": "A wrapper must not use ctypes or mmap.",
-}
-
-
-def _collect(answer: Any, out: list[dict[str, Any]]) -> None:
-    if isinstance(answer, dict):
-        records = answer.get("audit")
-        if isinstance(records, list):
-            out.extend(r for r in records if isinstance(r, dict))
-        for key in ("facts", "steps"):
-            _collect(answer.get(key), out)
-    elif isinstance(answer, list):
-        for item in answer:
-            _collect(item, out)
-
-
-def failures_from_answer(answer: Any, where: str) -> list[Any]:
-    """CheckFailures (``audit_*``) for every audit record anywhere in a worker answer (facts, steps).
-
-    The detail and the function name come from the candidate's own actions, so they are quoted with
-    :func:`tilesmith.gate.process.untrusted_text`.
-    """
-    from tilesmith.gate.process import untrusted_text
-    from tilesmith.records import CheckFailure
-
-    records: list[dict[str, Any]] = []
-    _collect(answer, records)
-    fails, seen = [], set()
-    for r in records:
-        check = str(r.get("check"))
-        if check not in AUDIT_CHECKS:
-            continue
-        key = (check, str(r.get("detail")))
-        if key in seen:
-            continue
-        seen.add(key)
-        event, detail = untrusted_text(r.get("event"), 60), untrusted_text(r.get("detail"), 160)
-        fails.append(CheckFailure(check, f"{where}: the candidate's code (line {r.get('line')!s:.8} of the wrapper, "
-                                         f"function {untrusted_text(r.get('function'), 60)}) raised the audit event "
-                                         f"{event}: {detail}; it was blocked. {_REMEDY[check]}"))
-    return fails

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from tilesmith.gate.protocol import bits, poison_pattern
+from tilesmith.gate.layout import bits, poison_pattern
 from tilesmith.records import CheckFailure
 
 
@@ -225,6 +225,27 @@ def passes(expected: torch.Tensor, got: torch.Tensor, tol: Tolerance | None) -> 
     return expected.shape == got.shape and expected.dtype == got.dtype and check_values(expected, got, tol) is None
 
 
+#: Outputs with at least this many elements are compared on the host process's GPU when it has one (CUDA
+#: initialized: the graph is a GPU graph). The host's CPU needs seconds per comparison of a 1 GiB output (float32
+#: temporaries of every element); the GPU needs milliseconds, for a few GiB of transient memory in the user's
+#: process while the gate runs (the user's call is blocked meanwhile).
+DEVICE_COMPARE_ELEMENTS = 1 << 24
+
+
+def _on_compare_device(expected: torch.Tensor, got: Any, noise: Any) -> tuple[torch.Tensor, Any, Any]:
+    if not (isinstance(got, torch.Tensor) and expected.device.type == "cpu" and got.device.type == "cpu"
+            and expected.numel() >= DEVICE_COMPARE_ELEMENTS and torch.cuda.is_available()
+            and torch.cuda.is_initialized()):
+        return expected, got, noise
+    try:
+        device = torch.device("cuda", torch.cuda.current_device())
+        moved = (expected.to(device), got.to(device),
+                 noise.to(device) if isinstance(noise, torch.Tensor) else noise)
+        return moved
+    except RuntimeError:  # not enough device memory: compare on the CPU
+        return expected, got, noise
+
+
 def compare_output(i: int, expected: Any, got: Any, *, variant: str, tf32: bool, poison_byte: int | None,
                    others: dict[str, Any], where: str, noise: torch.Tensor | None = None) -> CheckFailure | None:
     """Compare output ``i`` (tensors already checked for shape/dtype) and classify a failure.
@@ -241,6 +262,7 @@ def compare_output(i: int, expected: Any, got: Any, *, variant: str, tf32: bool,
         return None
     tol = tolerance_for(expected.dtype, tf32)
     elementwise = variant != "high_magnitude"
+    expected, got, noise = _on_compare_device(expected, got, noise)
     report = check_values(expected, got, tol, poison_byte, elementwise, noise)
     if report is None:
         return None
@@ -258,6 +280,8 @@ def compare_output(i: int, expected: Any, got: Any, *, variant: str, tf32: bool,
                             f"{head}: {report.detail} at {report.count} elements; {at}. Do not mask or introduce "
                             f"NaN/Inf: they must appear exactly where the original produces them.", **common)
     for name, other in others.items():
+        if isinstance(other, torch.Tensor) and isinstance(got, torch.Tensor) and other.device != got.device:
+            other = other.to(got.device)
         if isinstance(other, torch.Tensor) and passes(other, got, tol) and not passes(other, expected, tol):
             return CheckFailure("stale_result",
                                 f"{head}: the output equals the original's result for the '{name}' inputs of an "

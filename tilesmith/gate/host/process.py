@@ -32,6 +32,7 @@ import tilesmith
 from tilesmith import settings
 from tilesmith.errors import WorkerError
 from tilesmith.gate import protocol
+from tilesmith.gate.host.caches import PRIVATE_CACHE_DIRS, copy_cache_template, seed_private_cache
 
 
 class WorkerCrashed(WorkerError):
@@ -59,7 +60,23 @@ class WorkerProtocolError(WorkerError):
 SECRET_NAME_PARTS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "COOKIE", "AUTH")
 
 
-def worker_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
+#: Thread settings of a CPU (test mode) worker, set at start (OpenMP and MKL read them when they load): one
+#: OpenMP/MKL thread, ``OMP_THREAD_LIMIT`` also capping Inductor's ``#pragma omp parallel num_threads(N)`` (N is
+#: the user process's thread count when the kernel was generated), idle threads sleeping instead of spinning.
+#: Why: CPU samples are the worker's CPU time (all threads), which threads spinning at a barrier while another
+#: thread of the same region waits for a core on a busy machine would inflate; and the trusted and the candidate
+#: worker then have the same thread count to compare (docs/gate.md, "Timing method").
+#: The glibc malloc settings fix the thresholds glibc otherwise adapts to each process's allocation history
+#: (``M_MMAP_THRESHOLD`` rises after large frees, ``M_TRIM_THRESHOLD`` follows it): without them a buffer of a few
+#: MiB that the wrapper allocates per call came from fresh mmap'd pages (a page fault per 4 KiB, counted in the
+#: CPU time) in one worker and from the reused heap in another, and identical code timed 0.82–1.36× between two
+#: worker processes on the 2-core CI VM; with them 0.95–1.09× (the rest is ``stats.CPU_PROCESS_ALLOWANCE``).
+CPU_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+                  "OMP_THREAD_LIMIT": "1", "OMP_WAIT_POLICY": "PASSIVE",
+                  "MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(4 << 30)}
+
+
+def worker_environment(environ: dict[str, str] | None = None, device_type: str = "cuda") -> dict[str, str]:
     """The environment a worker starts with: the host's, minus every secret and every TILESMITH_* setting.
 
     Removed: :data:`tilesmith.settings.PROVIDER_KEY_VARIABLES`, secret settings, any name containing one
@@ -70,7 +87,8 @@ def worker_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
     load prebuilt kernels from it, and the worker's audit hook allows reading it, see
     :mod:`tilesmith.kernels.runtime`);
     ``TORCHINDUCTOR_COMPILE_THREADS=1`` unless set (kernels compile in the worker process itself, so no
-    compile pool outlives a kill); ``PYTHONUNBUFFERED=1``.
+    compile pool outlives a kill); ``PYTHONUNBUFFERED=1``; for ``device_type="cpu"`` (test mode)
+    :data:`CPU_THREAD_ENV`.
     """
     env = dict(os.environ if environ is None else environ)
     secrets = [v for v in settings.secret_values(env) if len(v) >= 4]
@@ -92,11 +110,11 @@ def worker_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
     clean["PYTHONPATH"] = os.pathsep.join([root] + ([clean["PYTHONPATH"]] if clean.get("PYTHONPATH") else []))
     clean.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     clean["PYTHONUNBUFFERED"] = "1"
+    if device_type == "cpu":
+        clean.update(CPU_THREAD_ENV)
     return clean
 
 
-#: Sub-directories of a worker's private directory that hold its compiler caches and temporary files.
-PRIVATE_CACHE_DIRS = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton", "TMPDIR": "tmp"}
 
 
 def private_environment(worker_dir: Path) -> dict[str, str]:
@@ -114,148 +132,63 @@ def private_environment(worker_dir: Path) -> dict[str, str]:
     return env
 
 
-_ISA_PROBES: tuple[tuple[str, str], ...] = ()
-
-
-def _isa_probe_files() -> tuple[tuple[str, str], ...]:
-    """:func:`_scan_isa_probe_files`, remembered once it has found some (an empty answer is not kept: a worker
-    started before this process's first C++ compile, e.g. the standby worker, must not stop later ones from
-    being seeded)."""
-    global _ISA_PROBES
-    if not _ISA_PROBES:
-        _ISA_PROBES = _scan_isa_probe_files()
-    return _ISA_PROBES
-
-
-def _scan_isa_probe_files() -> tuple[tuple[str, str], ...]:
-    """``(relative dir, file name)`` of the CPU vector-ISA probe sources and libraries in this process's
-    Inductor cache. torch 2.11 writes each probe as ``<cache>/<key[1:3]>/<key>.cpp`` and builds
-    ``<key>.so`` next to it (``cpu_vec_isa.VecISA.check_build``; the key also hashes compile flags that
-    some ISAs change on the fly), so the probes are found by content: small ``.cpp`` files whose text is
-    one of the ``VecISA`` classes' ``*_code`` strings, with a built ``.so``. Empty when torch has no such
-    probes or none was built here."""
-    found: list[tuple[str, str]] = []
+def task_states(pid: int) -> list[str]:
+    """The scheduler state letter (``R``, ``S``, ``T`` …) of every thread of process ``pid`` (empty when gone)."""
+    states = []
     try:
-        from torch._inductor import codecache, cpu_vec_isa
-
-        codes = {getattr(c, a).strip() for c in vars(cpu_vec_isa).values() if isinstance(c, type)
-                 and issubclass(c, cpu_vec_isa.VecISA) for a in dir(c)
-                 if a.endswith("_code") and isinstance(getattr(c, a, None), str)}
-        root = codecache.cache_dir()
-        limit = max((len(c) for c in codes), default=0) + 256
-        for sub in os.scandir(root):
-            if not (sub.is_dir() and len(sub.name) == 2):
-                continue
-            for entry in os.scandir(sub.path):
-                if not entry.name.endswith(".cpp") or entry.stat().st_size > limit:
-                    continue
-                stem = entry.name[: -len(".cpp")]
-                if not os.path.isfile(os.path.join(sub.path, stem + ".so")):
-                    continue
-                with open(entry.path, encoding="utf-8", errors="replace") as handle:
-                    if handle.read().strip() in codes:
-                        found += [(sub.name, entry.name), (sub.name, stem + ".so")]
-    except Exception:  # noqa: BLE001 - other torch versions or an unreadable cache: no seeding
-        return ()
-    return tuple(sorted(found))
-
-
-def seed_private_cache(worker_dir: Path) -> int:
-    """Copy the CPU vector-ISA probe files of this process's Inductor cache into a worker's private one.
-
-    Why: ``tilesmith._compat.fast_cpu_isa_probe`` (test mode, ``TORCHINDUCTOR_VEC_ISA_OK=1``) skips
-    Inductor's ~12 s of ``python -c`` ISA probes only when the probe library already exists in the cache;
-    a private cache starts empty. Copies, never links: what the worker writes never reaches this cache.
-    Returns the number of files copied (0 when nothing was built here, e.g. on a GPU-only host).
-    """
-    try:
-        from torch._inductor import codecache
-
-        root = Path(codecache.cache_dir())
-    except Exception:  # noqa: BLE001
-        return 0
-    target = worker_dir / PRIVATE_CACHE_DIRS["TORCHINDUCTOR_CACHE_DIR"]
-    copied = 0
-    for rel, name in _isa_probe_files():
-        try:
-            (target / rel).mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(root / rel / name, target / rel / name)
-            copied += 1
-        except OSError:
-            continue
-    return copied + _link_precompiled_headers(worker_dir)
-
-
-_TEMPLATE_SUBDIRS = (PRIVATE_CACHE_DIRS["TORCHINDUCTOR_CACHE_DIR"], PRIVATE_CACHE_DIRS["TRITON_CACHE_DIR"])
-
-
-def make_cache_template(worker: WorkerProcess, template: Path) -> Path | None:
-    """Copy the compiler caches of a worker that has initialized but imported no candidate yet (only the
-    trusted original wrapper and its compiled kernels are in them) to ``template``; later workers start
-    from a copy (:func:`copy_cache_template`) instead of recompiling the original's kernels (CPU: the
-    C++ kernels, seconds each; CUDA: every Triton kernel). Returns ``template``, or ``None`` when the
-    worker has already seen a candidate or copying failed (later workers then compile for themselves).
-    """
-    if worker.saw:
-        return None
-    try:
-        tmp = Path(tempfile.mkdtemp(prefix=".template-", dir=template.parent))
-        for sub in _TEMPLATE_SUBDIRS:
-            if (worker.dir / sub).is_dir():
-                shutil.copytree(worker.dir / sub, tmp / sub, symlinks=False)
-        os.replace(tmp, template)
-        return template
+        tasks = os.listdir(f"/proc/{int(pid)}/task")
     except OSError:
-        return None
+        return []
+    for tid in tasks:
+        try:
+            with open(f"/proc/{int(pid)}/task/{tid}/stat", "rb") as handle:
+                states.append(handle.read().rsplit(b")", 1)[1].split()[0].decode())
+        except (OSError, IndexError):
+            continue
+    return states
 
 
-def copy_cache_template(template: Path, worker_dir: Path) -> int:
-    """Copy a :func:`make_cache_template` folder into a new worker's private directory (copies, never
-    links: a worker cannot change what the next one loads). Returns the number of files copied."""
-    copied = 0
-    for sub in _TEMPLATE_SUBDIRS:
-        if not (template / sub).is_dir():
+def os_threads(pid: int) -> int:
+    """Threads of process ``pid`` as the OS counts them (``/proc/<pid>/task``); 0 when unknown."""
+    try:
+        return len(os.listdir(f"/proc/{int(pid)}/task"))
+    except OSError:
+        return 0
+
+
+def session_processes(sid: int) -> list[int]:
+    """Live processes other than ``sid`` whose session id is ``sid`` (a worker starts its own session), from
+    ``/proc/*/stat`` (field 6). Zombies are not counted (they run nothing)."""
+    found = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit() or int(entry) == int(sid):
             continue
         try:
-            shutil.copytree(template / sub, worker_dir / sub, symlinks=False, dirs_exist_ok=True)
-            copied += sum(len(files) for _, _, files in os.walk(worker_dir / sub))
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
         except OSError:
             continue
-    return copied
+        if len(fields) > 3 and int(fields[3]) == int(sid) and fields[0] != b"Z":
+            found.append(int(entry))
+    return found
 
 
-def _link_precompiled_headers(worker_dir: Path) -> int:
-    """Hard-link this process's precompiled C++ headers into the worker's private temporary directory.
-
-    torch 2.11 keeps precompiled headers (``cpp_prefix.h``, ~120 MB ``.gch`` per compiler/flag set) in
-    ``<tempfile.gettempdir()>/torchinductor_<user>/precompiled_headers`` (``codecache._HEADER_DIR``, fixed
-    at import, not under ``TORCHINDUCTOR_CACHE_DIR``); with the worker's private ``TMPDIR`` it would
-    rebuild one (~10-20 s of CPU) before its first C++ kernel. Links cost nothing; Python code in the
-    worker cannot write to them (audit hook: files that existed before the candidate's import are
-    read-only to it); native code could, as it could write to the original folder — a documented
-    residual risk. Nothing is copied when linking fails (another file system): the worker rebuilds.
-    """
+def process_cpu_ms(pid: int) -> float | None:
+    """CPU time (user + system, every thread, exited ones included) process ``pid`` has used so far, in ms,
+    read by the host from ``/proc/<pid>/stat`` (fields 14-15, clock ticks; Linux keeps their sum equal to the
+    scheduler's exact runtime, so the resolution is one tick, 10 ms at ``SC_CLK_TCK`` 100). ``None`` where
+    there is no ``/proc`` or the process is gone. Used to cross-check the CPU-time samples a worker reports."""
     try:
-        import tempfile as _tempfile
-
-        from torch._inductor import codecache
-
-        header_dir = getattr(codecache, "_HEADER_DIR", None)
-        if not header_dir or not os.path.isdir(header_dir):
-            return 0
-        rel = os.path.relpath(header_dir, _tempfile.gettempdir())
-        if rel.startswith(".."):
-            return 0
-        target = worker_dir / PRIVATE_CACHE_DIRS["TMPDIR"] / rel
-        linked = 0
-        for entry in os.scandir(header_dir):
-            if entry.is_file(follow_symlinks=False) and entry.name.endswith((".h", ".h.gch")):
-                target.mkdir(parents=True, exist_ok=True)
-                os.link(entry.path, target / entry.name)
-                linked += 1
-        return linked
-    except Exception:  # noqa: BLE001 - no headers, other torch, other file system: the worker builds its own
-        return 0
+        with open(f"/proc/{int(pid)}/stat", "rb") as handle:
+            fields = handle.read().rsplit(b")", 1)[1].split()
+        ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 counting from 1)
+        return ticks * 1e3 / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class WorkerProcess:
@@ -269,7 +202,7 @@ class WorkerProcess:
     _numbers = itertools.count(1)
 
     def __init__(self, parent_dir: Path, *, label: str, environ: dict[str, str] | None = None,
-                 template: Path | None = None) -> None:
+                 template: Path | None = None, device_type: str = "cuda") -> None:
         self.label = f"{label}#{next(self._numbers)}"
         self.dir = Path(tempfile.mkdtemp(prefix="w", dir=parent_dir))
         os.chmod(self.dir, 0o700)
@@ -284,11 +217,19 @@ class WorkerProcess:
         self._pending: list[int] = []
         self.started = time.monotonic()
         self.ready_info: dict[str, Any] | None = None
+        self._affinity: set[int] | None = None
+        self.stopped = False
+        """Whether :meth:`stop` stopped the process group (and :meth:`resume` has not continued it)."""
+        self.role = "candidate"
+        """``trusted`` (the original only, ever) or ``candidate`` (imports candidate or incumbent code)."""
+        self.init_rid: int | None = None
+        self.init_answer: dict[str, Any] | None = None
         self.saw: set[str] = set()
         """Sources (by SHA-256) this worker has imported; a confirmation needs one that saw none of them."""
         self.extra_dirs: tuple[Path, ...] = ()
         """Folders removed with this worker besides its own (a standby worker's parent folder)."""
-        self.environ = {**worker_environment(environ), **private_environment(self.dir)}
+        self.device_type = device_type
+        self.environ = {**worker_environment(environ, device_type), **private_environment(self.dir)}
         """The exact environment the process started with."""
         self.proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
             [sys.executable, "-P", "-m", "tilesmith.gate.worker"],
@@ -316,11 +257,75 @@ class WorkerProcess:
             self.ready_info = msg
         return self.ready_info
 
+    # -- quiescence (docs/gate.md, "Quiescence") ----------------------------------------------------
+    def stop(self, timeout_s: float = 2.0) -> bool:
+        """SIGSTOP the worker's whole process group (compiler children included) and wait until every thread
+        of the worker process is stopped (``/proc/<pid>/task/*/stat`` state ``T``). Returns False when the
+        process is gone (it died, e.g. killed for memory; the next request reports the crash) or did not
+        stop within ``timeout_s``. Idempotent; :meth:`send` resumes a stopped worker first."""
+        if self.proc.poll() is not None:
+            return False
+        try:
+            os.killpg(self.proc.pid, signal.SIGSTOP)
+        except (ProcessLookupError, PermissionError):
+            return False
+        self.stopped = True
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            states = task_states(self.proc.pid)
+            if not states:
+                return False
+            if all(s in "Tt" for s in states):
+                return True
+            time.sleep(0.0005)
+        return False
+
+    def resume(self) -> None:
+        """SIGCONT the worker's process group after :meth:`stop` (no-op otherwise, or when it is gone)."""
+        if not self.stopped:
+            return
+        self.stopped = False
+        try:
+            os.killpg(self.proc.pid, signal.SIGCONT)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def pin(self, cpus: set[int] | None) -> None:
+        """Set the CPU affinity of every thread of the worker process to ``cpus`` (``None``: back to what it had
+        before the first :meth:`pin`). Best effort (a thread may end meanwhile; no ``sched_setaffinity``: no-op)."""
+        if not hasattr(os, "sched_setaffinity"):
+            return
+        if cpus is not None and self._affinity is None:
+            try:
+                self._affinity = set(os.sched_getaffinity(self.proc.pid))
+            except OSError:
+                return
+        target = cpus if cpus is not None else self._affinity
+        if target is None:
+            return
+        try:
+            tids = os.listdir(f"/proc/{self.proc.pid}/task")
+        except OSError:
+            return
+        for tid in tids:
+            try:
+                os.sched_setaffinity(int(tid), target)
+            except OSError:
+                continue
+        if cpus is None:
+            self._affinity = None
+
+    def os_counts(self) -> tuple[int, int]:
+        """``(threads, other processes)``: the worker process's threads as the OS counts them (every entry of
+        ``/proc/<pid>/task``, native threads included) and the live processes of its session besides itself
+        (children, grandchildren, daemons that kept the session). ``(0, 0)`` without ``/proc``."""
+        return os_threads(self.proc.pid), len(session_processes(self.proc.pid))
+
     def kill(self) -> None:
         """Kill the worker's whole process group, reap it and delete its directory. Idempotent."""
         if self.proc.poll() is None:
             try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+                os.killpg(self.proc.pid, signal.SIGKILL)  # also ends a stopped process
             except (ProcessLookupError, PermissionError):
                 pass
         try:
@@ -351,6 +356,7 @@ class WorkerProcess:
 
     # -- requests ------------------------------------------------------------------------------------
     def send(self, op: str, **fields: Any) -> int:
+        self.resume()
         rid = next(self._ids)
         message = {"op": op, "id": rid, **fields}
         try:

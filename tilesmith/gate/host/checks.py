@@ -1,19 +1,21 @@
-"""The correctness protocol: which calls the worker makes, and how the host judges what it reports.
+"""The correctness protocol: which calls the candidate's worker makes, and how the host judges what it reports.
 
-One check request runs these steps in the candidate's worker (``cand`` = candidate, ``orig`` = the
-original wrapper loaded in the same worker; every call gets fresh guarded inputs unless noted):
+One check request runs these steps in the candidate's worker (``cand`` = candidate; the original never runs
+in that process: its reference outputs and RNG states come from the trusted worker, on the same inputs made
+from the same recipes; every call gets fresh guarded inputs unless noted):
 
 ==  =============================================================  ===========================================
 #   step                                                           exposes
 ==  =============================================================  ===========================================
-1   poison the allocator, ``cand(normal)``; outputs held            uninitialized / stale-reference memory
+1   poison the allocator, ``cand(normal)``; outputs held            uninitialized / stale-reference memory;
+                                                                    RNG consumption (vs the original's state
+                                                                    after the same seed, trusted worker)
 2   same input buffers refilled in place, ``cand(random)``           caches keyed on pointers or shapes;
                                                                     outputs sharing storage across calls
-3   ``orig(normal)`` after the candidate (same seed as 1)           RNG consumption differing from the original
-4   ``orig(zero)`` then 5 ``cand(zero)`` (reference first)           both orders; skip-work-on-zero shortcuts
-6   poison the allocator, ``cand(high_magnitude)``                   overflow, lower precision
-7,8 ``cand(random_b)`` twice on identical inputs                     nondeterministic races
-9.. ``HELD_CALLS`` (16) more candidate calls, inputs refilled in      a ring of static output buffers (any ring
+3   ``cand(zero)``                                                   skip-work-on-zero shortcuts; RNG
+4   poison the allocator, ``cand(high_magnitude)``                   overflow, lower precision
+5,6 ``cand(random_b)`` twice on identical inputs                     nondeterministic races
+7.. ``held_calls`` (≤ 16) more candidate calls, inputs refilled in    a ring of static output buffers (any ring
     the buffers of step 1 from four more ``random`` sets and the     of ≤ 16 slots reuses a held output);
     earlier ones, every call's outputs held                          more draws of integer/boolean/NaN-Inf
                                                                      values
@@ -27,7 +29,7 @@ samples make (a call-count time bomb) cannot be excluded by testing; docs/gate.m
 Every candidate step also reports: output types/layouts/aliasing, inputs whose bytes changed (inside or
 outside their logical elements), writes past the end of any buffer the wrapper allocated, outputs that
 changed after ``call`` returned (work left on another stream or thread), new threads, global-state and
-function-identity changes. The host compares every saved output with its own reference outputs.
+function-identity changes. The host compares every saved output with the trusted worker's reference outputs.
 """
 
 from __future__ import annotations
@@ -38,9 +40,10 @@ from typing import Any
 
 import torch
 
-from tilesmith.gate.compare import compare_output, compare_structure, passes, tolerance_for
+from tilesmith.gate.host.answers import global_failures
+from tilesmith.gate.host.compare import compare_output, compare_structure, passes, tolerance_for
 from tilesmith.gate.protocol import POISON_BYTES
-from tilesmith.gate.reference import OutputTooLarge, RefResult, load_outputs
+from tilesmith.gate.host.reference import OutputTooLarge, RefResult, load_outputs
 from tilesmith.records import CheckFailure
 
 P0, P1 = POISON_BYTES
@@ -58,12 +61,15 @@ MIN_HELD_CALLS = 4
 EXTRA_RANDOM = ("random_c", "random_d", "random_e", "random_f")
 
 
-def held_calls(output_bytes: int) -> int:
-    """Number of held calls for a graph whose outputs take ``output_bytes`` (each held call keeps its
-    outputs and a snapshot of them: 2× that)."""
+def held_calls(output_bytes: int, budget_bytes: int | None = None) -> int:
+    """Number of held calls for a graph whose outputs take ``output_bytes`` (each held call keeps its outputs
+    and a snapshot of them: 2× that), within ``budget_bytes`` (default :data:`HELD_BYTES_BUDGET`; the gate's
+    memory plan passes what the device has free, :mod:`tilesmith.gate.host.memory`), at least
+    :data:`MIN_HELD_CALLS`."""
     if output_bytes <= 0:
         return HELD_CALLS
-    return max(MIN_HELD_CALLS, min(HELD_CALLS, HELD_BYTES_BUDGET // (2 * output_bytes)))
+    budget = HELD_BYTES_BUDGET if budget_bytes is None else min(HELD_BYTES_BUDGET, budget_bytes)
+    return max(MIN_HELD_CALLS, min(HELD_CALLS, budget // (2 * output_bytes)))
 
 
 @dataclass
@@ -72,56 +78,54 @@ class Plan:
     save_held: dict[str, str]
     #: (reference key, variant name, save path, poison byte, where-text) for every saved output file
     compared: list[tuple[str, str, str, int, str]] = field(default_factory=list)
-    #: (candidate step, original step, variant): same inputs and seed, so RNG states must agree after
-    rng_pairs: list[tuple[int, int, str]] = field(default_factory=list)
+    #: (candidate step, reference key, variant): same inputs and seed as that reference run in the trusted
+    #: worker, so the generators must be in the same state afterwards
+    rng_pairs: list[tuple[int, str, str]] = field(default_factory=list)
     determinism: tuple[str, str] | None = None
 
 
-def build_plan(files: dict[str, Path], out_dir: Path, seeds: dict[str, int], tag: str,
-               output_bytes: int = 0) -> Plan:
-    """The step list above for variant files ``files`` (``normal``, ``random``, ``random_b`` and, when
-    their reference could be computed, ``zero`` and ``high_magnitude``). Every step carries ``ref`` (the
-    key of its reference in :class:`CheckContext.refs`) and ``variant`` (the name reports use).
-    ``output_bytes`` (the reference outputs' size) bounds the number of held calls (:func:`held_calls`)."""
+def build_plan(recipes: dict[str, dict[str, Any]], out_dir: Path, seeds: dict[str, int], tag: str,
+               output_bytes: int = 0, held_budget: int | None = None, poison_budget: int | None = None) -> Plan:
+    """The step list above for the input ``recipes`` (``normal``, ``random``, ``random_b``… and, when their
+    reference could be computed, ``zero`` and ``high_magnitude``). Every step carries ``ref`` (the key of its
+    reference in :class:`CheckContext.refs`) and ``variant`` (the name reports use). ``output_bytes`` (the
+    reference outputs' size) and ``held_budget`` bound the number of held calls (:func:`held_calls`);
+    ``poison_budget`` bounds the poisoned blocks (bytes)."""
     def out(name: str) -> str:
         return str(out_dir / f"{tag}_{name}.pt")
 
-    def step(label: str, module: str, ref: str, **extra: Any) -> dict[str, Any]:
+    def step(label: str, ref: str, **extra: Any) -> dict[str, Any]:
         variant = step_variant(ref)
-        return {"label": label, "module": module, "inputs": str(files[ref]), "seed": seeds[ref], "ref": ref,
-                "variant": variant, **extra}
+        return {"label": label, "module": "cand", "inputs": recipes[ref], "seed": seeds[ref], "ref": ref,
+                "variant": variant, **({"poison_budget": poison_budget} if poison_budget else {}), **extra}
 
     plan = Plan([], {"first": out("first")})
     plan.compared.append(("normal", "normal", out("first"), P0, "first call's outputs, read after every later call"))
-    plan.steps.append(step("first call on freshly poisoned memory", "cand", "normal", poison=True, poison_byte=P0,
+    plan.steps.append(step("first call on freshly poisoned memory", "normal", poison=True, poison_byte=P0,
                            keep_inputs_as="A", hold_as="first"))
-    plan.steps.append(step("second call with the same input buffers refilled", "cand", "random", refresh="A",
+    plan.rng_pairs.append((0, "normal", "normal"))
+    plan.steps.append(step("second call with the same input buffers refilled", "random", refresh="A",
                            poison_byte=P1, save=out("random"), compare_storage_with=["first"]))
     plan.compared.append(("random", "random", out("random"), P1, "second call, same input buffers refilled in place"))
-    plan.steps.append(step("original wrapper after the candidate", "orig", "normal", guard_allocations=False))
-    plan.rng_pairs.append((0, 2, "normal"))
-    if "zero" in files:
-        plan.steps.append(step("original wrapper before the candidate", "orig", "zero", guard_allocations=False))
-        plan.steps.append(step("candidate right after the original", "cand", "zero", poison_byte=P0,
-                               save=out("zero")))
-        plan.rng_pairs.append((len(plan.steps) - 1, len(plan.steps) - 2, "zero"))
-        plan.compared.append(("zero", "zero", out("zero"), P0, "called right after the original"))
-    if "high_magnitude" in files:
-        plan.steps.append(step("call on high-magnitude inputs, freshly poisoned memory", "cand", "high_magnitude",
+    if "zero" in recipes:
+        plan.steps.append(step("call on zero inputs", "zero", poison_byte=P0, save=out("zero")))
+        plan.rng_pairs.append((len(plan.steps) - 1, "zero", "zero"))
+        plan.compared.append(("zero", "zero", out("zero"), P0, "zero inputs"))
+    if "high_magnitude" in recipes:
+        plan.steps.append(step("call on high-magnitude inputs, freshly poisoned memory", "high_magnitude",
                                poison=True, poison_byte=P1, save=out("high")))
         plan.compared.append(("high_magnitude", "high_magnitude", out("high"), P1, "freshly poisoned memory"))
-    plan.steps.append(step("determinism run 1", "cand", "random_b", poison_byte=P0, save=out("rb1")))
-    plan.steps.append(step("determinism run 2 (identical inputs)", "cand", "random_b", poison_byte=P1,
-                           save=out("rb2")))
+    plan.steps.append(step("determinism run 1", "random_b", poison_byte=P0, save=out("rb1")))
+    plan.steps.append(step("determinism run 2 (identical inputs)", "random_b", poison_byte=P1, save=out("rb2")))
     plan.compared += [("random_b", "random", out("rb1"), P0, "determinism run 1"),
                       ("random_b", "random", out("rb2"), P1, "determinism run 2")]
     plan.determinism = (out("rb1"), out("rb2"))
-    cycle = [k for k in (*EXTRA_RANDOM, "random", "random_b", "normal") if k in files]
+    cycle = [k for k in (*EXTRA_RANDOM, "random", "random_b", "normal") if k in recipes]
     held = ["first"]
-    for j in range(held_calls(output_bytes)):
+    for j in range(held_calls(output_bytes, held_budget)):
         ref, name = cycle[j % len(cycle)], f"held{j + 1}"
         byte = (P0, P1)[j % 2]
-        plan.steps.append(step(f"held call {j + 1} (outputs of every earlier call held)", "cand", ref, refresh="A",
+        plan.steps.append(step(f"held call {j + 1} (outputs of every earlier call held)", ref, refresh="A",
                                poison_byte=byte, hold_as=name, compare_storage_with=list(held)))
         plan.save_held[name] = out(name)
         plan.compared.append((ref, step_variant(ref), out(name), byte,
@@ -207,35 +211,6 @@ def step_failures(facts: dict[str, Any], ref: RefResult | None, ctx: CheckContex
 _STRUCTURAL = {"output_count", "output_type", "shape_mismatch", "dtype_mismatch", "exception", "oom"}
 
 
-def global_failures(facts: dict[str, Any], where: str) -> list[CheckFailure]:
-    """Threads, global state, current stream and replaced functions, from any worker answer."""
-    fails: list[CheckFailure] = []
-    if facts.get("threads_new"):
-        fails.append(CheckFailure("background_thread",
-                                  f"new threads alive after {where}: {', '.join(facts['threads_new'][:4])}. "
-                                  f"A wrapper must not start threads."))
-    changes = dict(facts.get("state_changes", {}))
-    stream = {k: v for k, v in changes.items() if k.startswith(("cuda.current_stream", "cuda.current_device"))}
-    other = {k: v for k, v in changes.items() if k not in stream}
-    if stream:
-        fails.append(CheckFailure("stream_state", f"{where} changed the current CUDA stream/device "
-                                                  f"({_fmt_changes(stream)}); restore it (use "
-                                                  f"`with torch.cuda.stream(s)`)."))
-    if other:
-        fails.append(CheckFailure("global_state", f"{where} changed process-global settings: {_fmt_changes(other)}. "
-                                                  f"Leave the user's numeric and runtime flags unchanged."))
-    if facts.get("identity_changes"):
-        names = facts["identity_changes"]
-        fails.append(CheckFailure("monkeypatch", f"{where} replaced {len(names)} function(s) or class attribute(s): "
-                                                 f"{', '.join(names[:6])}. Do not patch torch, triton, time or the "
-                                                 f"harness."))
-    return fails
-
-
-def _fmt_changes(changes: dict[str, list[Any]]) -> str:
-    return ", ".join(f"{k}: {a!r} → {b!r}" for k, (a, b) in list(changes.items())[:6])
-
-
 def interpret(plan: Plan, answer: dict[str, Any], ctx: CheckContext, expected_bytes: int) -> list[CheckFailure]:
     """All failures of one check request: step facts, RNG, then saved outputs against the references."""
     steps = answer.get("steps", [])
@@ -251,17 +226,12 @@ def interpret(plan: Plan, answer: dict[str, Any], ctx: CheckContext, expected_by
             fails += step_failures(facts, None, ctx, "first call" if name == "first" else f"held call {name[4:]}",
                                    None)
             continue
-        if facts.get("module") != "cand":
-            if "error" in facts:  # the original failing in the candidate's worker: the candidate broke the process
-                fails.append(CheckFailure("exception", f"the original wrapper failed in the same worker after the "
-                                                       f"candidate ran: {facts['error'].get('message', '')[:400]}"))
-            continue
         planned = plan.steps[i] if i < len(plan.steps) else {}
         ref = ctx.refs.get(planned.get("ref", "normal"))
         fails += step_failures(facts, ref, ctx, str(facts.get("label")), planned.get("variant"))
-    for a, b, variant in plan.rng_pairs:
-        if a < len(steps) and b < len(steps) and "rng" in steps[a] and "rng" in steps[b] \
-                and steps[a]["rng"] != steps[b]["rng"]:
+    for a, key, variant in plan.rng_pairs:
+        expected_rng = ctx.refs[key].rng if key in ctx.refs else None
+        if a < len(steps) and "rng" in steps[a] and expected_rng and steps[a]["rng"] != expected_rng:
             fails.append(CheckFailure("rng_state", f"after a call on the '{variant}' inputs with the same seed, the "
                                                    f"candidate leaves the random generators in a different state "
                                                    f"than the original (reseeding or extra random draws).",
@@ -323,18 +293,15 @@ def _compare_saved(plan: Plan, ctx: CheckContext, expected_bytes: int) -> list[C
 NOISE_RUNS = 2
 
 
-def reference_noise(reference: Any, values: list[Any], ref: RefResult, seed: int) -> list[Any]:
-    """Per output, ``max_r |reference(perturbed_r(values)) − ref|`` over :data:`NOISE_RUNS` rounding-level
-    perturbations (:func:`tilesmith.gate.inputs.perturbed`), same RNG seed; ``None`` for non-floating
-    outputs. A perturbed run the reference rejects gives no noise (the strict tolerance applies)."""
-    from tilesmith.gate.inputs import perturbed
-
+def noise_from(ref: RefResult, others: list[RefResult]) -> list[Any]:
+    """Per output, ``max_r |other_r − ref|`` over the reference runs on rounding-level perturbations of the same
+    inputs (:func:`tilesmith.gate.inputs.perturbed`, :data:`NOISE_RUNS` of them, same RNG seed, made in the
+    trusted worker); ``None`` for non-floating outputs. Fewer runs than asked (the original rejected a
+    perturbed input) give no noise (the strict tolerance applies)."""
     noise: list[Any] = [None] * len(ref.outputs)
-    for r in range(NOISE_RUNS):
-        try:
-            other = reference.run(perturbed(values, seed + 7919 * (r + 1)), seed)
-        except Exception:  # noqa: BLE001 - no estimate: the strict per-dtype tolerance applies
-            return [None] * len(ref.outputs)
+    if len(others) < NOISE_RUNS:
+        return noise
+    for other in others:
         for i, (a, b) in enumerate(zip(ref.outputs, other.outputs)):
             if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and \
                     (a.is_floating_point() or a.is_complex()):

@@ -20,11 +20,13 @@ Runs only inside ``python -m tilesmith.gate.worker`` (never in the user's proces
 from __future__ import annotations
 
 import hashlib
+import os
 from typing import Any
 
 import torch
 
-from tilesmith.gate.protocol import CANARY_BYTE, layout_of, overlaps, storage_extent
+from tilesmith.gate.layout import bits, clone_layout, overlaps, storage_extent, write_values
+from tilesmith.gate.protocol import CANARY_BYTE
 
 #: Guard tail after every guarded buffer: a quarter of the buffer, at least 512 bytes, at most 4 MiB.
 _GUARD_MIN, _GUARD_MAX = 512, 4 * 1024 * 1024
@@ -40,20 +42,6 @@ def guard_bytes_for(nbytes: int) -> int:
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def flat_view(t: torch.Tensor) -> torch.Tensor:
-    """1-D ``uint8`` view (not a copy) of the storage bytes a strided tensor can reach, from its offset."""
-    flat = torch.as_strided(t, (storage_extent(t),), (1,), t.storage_offset())
-    return flat.view(torch.uint8)
-
-
-def write_values(target: torch.Tensor, value: torch.Tensor) -> None:
-    """Copy ``value`` into ``target`` (same layout), also when the layout overlaps itself (stride 0)."""
-    if not overlaps(value):
-        target.copy_(value.to(target.device))
-    else:
-        flat_view(target).copy_(flat_view(value).to(target.device))
 
 
 class GuardedTensor:
@@ -101,8 +89,6 @@ class GuardedTensor:
 
 
 def _bit_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    from tilesmith.gate.protocol import bits
-
     return bool(torch.equal(bits(a), bits(b)))
 
 
@@ -120,7 +106,7 @@ class InputSet:
                 self.values.append(entry.tensor)
             elif isinstance(value, torch.Tensor):
                 self.entries.append(None)
-                self.values.append(_clone_layout(value, device))
+                self.values.append(clone_layout(value, device))
             else:
                 self.entries.append(None)
                 self.values.append(value)
@@ -150,13 +136,6 @@ class InputSet:
 
     def args(self) -> list[Any]:
         return list(self.values)
-
-
-def _clone_layout(value: torch.Tensor, device: torch.device) -> torch.Tensor:
-    base = torch.empty(value.storage_offset() + storage_extent(value), dtype=value.dtype, device=device)
-    out = torch.as_strided(base, value.shape, value.stride(), value.storage_offset())
-    write_values(out, value)
-    return out
 
 
 class GuardedAllocator:
@@ -232,27 +211,68 @@ class GuardedAllocator:
         return found
 
 
-def poison_allocator(device: torch.device, sizes: list[int], byte: int) -> None:
+def poison_allocator(device: torch.device, sizes: list[int], byte: int, budget: int | None = None) -> None:
     """Refill the memory that fresh allocations will get with ``byte``.
 
     CUDA: release every unused cached block (``empty_cache``), then allocate, fill and free blocks of
     each expected output size (four times) plus one large block, so the caching allocator's free lists hold
     only poisoned memory. CPU: the same sizes through malloc (best effort: glibc may return fresh
-    zeroed pages for large sizes, which is also not the reference's data).
+    zeroed pages for large sizes, which is also not the reference's data). ``budget`` (bytes, from the host's
+    memory plan) caps the blocks: fewer copies of large outputs, a smaller large block.
     """
     blocks = []
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
     total = 0
+    limit = budget if budget is not None and budget > 0 else 1 << 62
     for n in sizes:
         for _ in range(4):
+            if total + int(n) > limit and blocks:
+                break
             blocks.append(torch.full((max(int(n), 1),), byte, dtype=torch.uint8, device=device))
             total += int(n)
     if device.type == "cuda":
-        blocks.append(torch.full((max(64 * 1024 * 1024, 2 * total),), byte, dtype=torch.uint8, device=device))
+        large = min(max(64 * 1024 * 1024, 2 * total), max(0, limit - total))
+        if large > 0:
+            blocks.append(torch.full((large,), byte, dtype=torch.uint8, device=device))
     del blocks
     sync(device)
+
+
+def memory_facts(device: torch.device) -> dict[str, int]:
+    """Device memory as this process sees it (bytes): ``free`` and ``total`` of the device, what this process's
+    caching allocator has ``allocated`` and ``reserved``. CPU (test mode): ``MemAvailable``/``MemTotal`` of
+    ``/proc/meminfo`` and this process's resident set size."""
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        return {"free": int(free), "total": int(total), "allocated": int(torch.cuda.memory_allocated(device)),
+                "reserved": int(torch.cuda.memory_reserved(device))}
+    info = {}
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                name, value = line.split(":", 1)
+                info[name] = int(value.split()[0]) * 1024
+        with open("/proc/self/statm", encoding="ascii") as handle:
+            rss = int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return {}
+    return {"free": info.get("MemAvailable", 0), "total": info.get("MemTotal", 0), "allocated": rss, "reserved": rss}
+
+
+def reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def allocated(device: torch.device) -> int:
+    return int(torch.cuda.memory_allocated(device)) if device.type == "cuda" else 0
+
+
+def peak(device: torch.device) -> int:
+    """Peak bytes allocated since :func:`reset_peak` (CUDA; 0 on the CPU, where the host plans with sizes)."""
+    return int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else 0
 
 
 def rng_digest(device: torch.device) -> str:
@@ -261,44 +281,6 @@ def rng_digest(device: torch.device) -> str:
     if device.type == "cuda":
         h.update(bytes(torch.cuda.get_rng_state(device).tolist()))
     return h.hexdigest()[:16]
-
-
-def output_facts(outputs: Any, inputs: list[Any]) -> list[dict[str, Any]]:
-    """Type, layout and aliasing of each output. Never calls a method on a non-``torch.Tensor`` object."""
-    if not isinstance(outputs, (tuple, list)):
-        return [{"kind": "not_a_sequence", "type": _type_name(outputs)}]
-    facts: list[dict[str, Any]] = []
-    storages: list[int | None] = []
-    for out in outputs:
-        kind = type(out)
-        if out is None:
-            facts.append({"kind": "none"})
-            storages.append(None)
-        elif kind in (int, float, bool):
-            facts.append({"kind": "scalar", "value": out})
-            storages.append(None)
-        elif kind is torch.Tensor:
-            fact = {"kind": "tensor", **layout_of(out), "storage_nbytes": int(out.untyped_storage().nbytes())}
-            fact["input_identity"] = next((j for j, a in enumerate(inputs) if a is out), None)
-            ptr = out.untyped_storage().data_ptr()
-            fact["input_storage"] = next(
-                (j for j, a in enumerate(inputs)
-                 if isinstance(a, torch.Tensor) and a.numel() and out.numel()
-                 and a.untyped_storage().data_ptr() == ptr), None)
-            facts.append(fact)
-            storages.append(ptr if out.numel() else None)
-        else:
-            facts.append({"kind": "other", "type": _type_name(out)})
-            storages.append(None)
-    for i, fact in enumerate(facts):
-        if storages[i] is not None:
-            fact["shares_outputs"] = [j for j, p in enumerate(storages) if j != i and p == storages[i]]
-    return facts
-
-
-def _type_name(value: Any) -> str:
-    kind = type(value)
-    return f"{kind.__module__}.{kind.__qualname__}"
 
 
 def storage_ptrs(outputs: Any) -> set[int]:
@@ -332,8 +314,6 @@ def snapshot_outputs(outputs: Any, max_bytes: int = 1 << 62) -> list[torch.Tenso
 
 def changed_since(outputs: Any, snaps: list[torch.Tensor | None], skip: set[int] = frozenset()) -> list[int]:
     """Outputs whose bits differ from their snapshot (``skip``: indices not to judge)."""
-    from tilesmith.gate.protocol import bits
-
     changed = []
     for i, (o, s) in enumerate(zip(outputs, snaps)):
         if i in skip:

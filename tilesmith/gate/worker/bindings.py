@@ -1,0 +1,59 @@
+"""What the worker's own code calls while candidate code is loaded, bound once at import (before any candidate).
+
+:data:`T` holds the clocks, events, synchronize, ``torch.save``/``torch.load``, the thread listing and the
+seeding function the worker uses; :mod:`.core` and :mod:`.timing` read them from here only, so a candidate
+that replaces ``time.perf_counter_ns`` or ``torch.cuda.Event.elapsed_time`` changes nothing the worker
+measures (and the identity check, which watches this module's namespace, reports the replacement).
+:func:`compact_cpu` and :func:`against_expected` are the output helpers both use before a tensor leaves the
+worker.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+T = SimpleNamespace(
+    perf_ns=time.perf_counter_ns,
+    cpu_ns=functools.partial(time.clock_gettime_ns, time.CLOCK_PROCESS_CPUTIME_ID),
+    save=torch.save,
+    load=torch.load,
+    threads=threading.enumerate,
+    write=os.write,
+    cuda_sync=torch.cuda.synchronize,
+    Event=torch.cuda.Event,
+    event_record=torch.cuda.Event.record,
+    event_sync=torch.cuda.Event.synchronize,
+    elapsed=torch.cuda.Event.elapsed_time,
+    manual_seed=torch.manual_seed,
+    no_grad=torch.no_grad,
+    mem_get_info=torch.cuda.mem_get_info,
+)
+
+
+def compact_cpu(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous CPU copy that owns exactly its elements (``torch.save`` writes whole storages, and a
+    guarded buffer's storage includes its guard tail)."""
+    return t.detach().to("cpu", copy=True).contiguous()
+
+
+def against_expected(outs: Any, expected: list[dict[str, Any]]) -> str | None:
+    """Why ``outs`` cannot be the original's outputs (count, types, shapes, dtypes), or ``None``."""
+    if not isinstance(outs, (list, tuple)):
+        return f"the wrapper returned {type(outs).__name__}, not a tuple"
+    if len(outs) != len(expected):
+        return f"{len(outs)} outputs, expected {len(expected)}"
+    for i, (o, e) in enumerate(zip(outs, expected)):
+        if e.get("kind") != "tensor":
+            continue
+        if type(o) is not torch.Tensor:
+            return f"output {i} is {type(o).__module__}.{type(o).__qualname__}, expected torch.Tensor"
+        if list(o.shape) != list(e["shape"]) or str(o.dtype) != e["dtype"]:
+            return f"output {i} is {list(o.shape)} {o.dtype}, expected {e['shape']} {e['dtype']}"
+    return None

@@ -1,0 +1,216 @@
+"""Timing samples inside one worker (the schedule, ``k``, the statistics and the spot-check choices live in the host).
+
+Arms of one timing run live in different processes (the original in the trusted worker, the candidate in its
+own worker, an incumbent in a third); each worker runs the arms it holds through a short conversation of
+``time`` requests, each with a ``phase`` (the host side is :func:`tilesmith.gate.host.timing.run_timing`):
+
+``prepare`` Make the input pool (≥ 2 recipes, :func:`tilesmith.gate.inputs.build`) on the device; warm up each
+            arm this worker holds outside the samples (at least 3 calls and ``warmup_ms``); estimate its time
+            per call; report what the host needs to choose ``k`` (bytes of one input set without the static
+            inputs, bytes of one call's outputs, how many distinct input sets the pool allows, free memory).
+``sets``    Build ``k`` live input sets whose tensors keep their addresses for the whole run. The inputs the
+            host names ``static`` (the graph's parameters and buffers) are ONE buffer shared by all ``k`` sets,
+            as they are in real use; every other input has ``k``.
+``sample``  First copy out the outputs of this worker's previous sample that the host names in ``copy``
+            (chosen by the host *after* that sample ended), release all of that sample's outputs; then
+            refresh the ``k`` live sets **in place** with ``k`` distinct value sets (:func:`fill_set`; a static
+            input once, with call 0's values), flush the cache (write a buffer larger than L2/LLC),
+            synchronize, start the clock, run call ``j`` on set ``j`` for ``j < k``, keeping **every** output,
+            synchronize the whole device (work left on other streams is inside the sample), stop the clock.
+            CUDA: events recorded on the current stream; CPU (test mode): the worker process's CPU time
+            (``CLOCK_PROCESS_CPUTIME_ID``, every thread of the process), so that time the scheduler gives to
+            other processes on a busy machine is not counted.
+``finish``  Copy out the last sample's picks, release everything, save the copies for the host.
+
+What a candidate can observe is the same for every sample and every call: all of its outputs from the
+current sample are alive until the sample has ended (no flag says whether a sample or call is checked: the
+host has not decided that in any form the worker holds), and each of the ``k`` calls of a sample reads a
+different input set, so a result cache keyed on pointers, shapes, exact values or a few sampled values cannot
+hit within a sample (nor, in practice, across samples: every sample's sets are shifted by a fresh host-chosen
+offset). Static inputs are the same within a sample, so a cache keyed on them alone hits and returns the
+previous call's result for different activations, which the spot checks see; when no non-static floating
+input varies, ``k`` is 1 (:func:`tilesmith.gate.inputs.distinct_capacity`). Between samples of this worker
+the host may have stopped the process (SIGSTOP) while another worker's arm was timed.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+import torch
+
+from tilesmith.gate.inputs import distinct_capacity, fill_set, static_indices
+from tilesmith.gate.worker.bindings import T, against_expected, compact_cpu
+from tilesmith.gate.worker.runtime import InputSet, memory_facts, sync
+
+
+def storage_bytes(values: Any, skip: Any = ()) -> int:
+    """Bytes of the distinct storages of the tensors in ``values`` (indices in ``skip`` left out)."""
+    seen: dict[int, int] = {}
+    skipped = {int(i) for i in skip}
+    for i, v in enumerate(values if isinstance(values, (list, tuple)) else []):
+        if isinstance(v, torch.Tensor) and i not in skipped:
+            storage = v.untyped_storage()
+            seen[storage.data_ptr()] = max(seen.get(storage.data_ptr(), 0), int(storage.nbytes()))
+    return sum(seen.values())
+
+
+class _Session:
+    """State of one timing run between its requests (lives in the worker only)."""
+
+    def __init__(self, arms: dict[int, Any], pool: list[list[Any]], first: InputSet, flush: torch.Tensor,
+                 static: tuple[int, ...]) -> None:
+        self.arms, self.pool, self.first, self.flush, self.static = arms, pool, first, flush, static
+        self.sets: list[InputSet] = []
+        self.held: tuple[int, int, list[Any]] | None = None
+        self.spots: list[list[Any]] = []
+        self.keys: list[list[int]] = []
+        self.refused: str | None = None
+
+
+_STATE: dict[str, _Session | None] = {"session": None}
+
+
+def _timed(device: torch.device, flush: torch.Tensor, fn: Any, argsets: list[list[Any]]) -> tuple[float, float, list[Any]]:
+    """One sample: ``fn`` once per argument list, every output kept until the clock has stopped."""
+    outs: list[Any] = [None] * len(argsets)
+    flush.fill_(0)
+    sync(device)
+    wall0 = T.perf_ns()
+    if device.type == "cuda":
+        start, end = T.Event(enable_timing=True), T.Event(enable_timing=True)
+        T.event_record(start)
+        for j, args in enumerate(argsets):
+            outs[j] = fn(args)
+        T.cuda_sync(device)
+        T.event_record(end)
+        T.event_sync(end)
+        ms = T.elapsed(start, end)
+    else:  # CPU time of the whole process (all threads): a busy machine delays the calls, it does not lengthen them
+        t0 = T.cpu_ns()
+        for j, args in enumerate(argsets):
+            outs[j] = fn(args)
+        ms = (T.cpu_ns() - t0) / 1e6
+    wall = (T.perf_ns() - wall0) / 1e6
+    return ms, wall, outs
+
+
+def _prepare(worker: Any, msg: dict[str, Any]) -> dict[str, Any]:
+    _STATE["session"] = None
+    device = worker.device
+    # Arm indices are the host's (positions in the schedule's arm list); this worker holds some of them.
+    arms = {int(a): worker.modules[name] for a, name in dict(msg["arms"]).items()}
+    pool = [worker.inputs(spec) for spec in msg["pool"]]
+    first = InputSet(pool[0], device, guarded=False)
+    pool = [InputSet(values, device, guarded=False).values for values in pool]  # private copies, fixed addresses
+    getattr(worker, "variants", {}).clear()
+    static = static_indices(msg.get("static"), first.values)
+    flush = torch.empty(int(msg["flush_bytes"]), dtype=torch.uint8, device=device)
+    estimates: dict[str, float] = {}
+    out_bytes = int(sum(int(e.get("nbytes", 0)) for e in worker.expected))
+    with T.no_grad():
+        warm_ms = float(msg.get("warmup_ms", 20.0))
+        for a, arm in arms.items():
+            spent, calls = 0.0, 0
+            while calls < 3 or spent < warm_ms:
+                ms, _, outs = _timed(device, flush, arm.fn, [first.args()])
+                out_bytes = max(out_bytes, storage_bytes(outs[0]))
+                del outs
+                spent += ms
+                calls += 1
+                if calls >= 1000:
+                    break
+            singles = [_timed(device, flush, arm.fn, [first.args()])[0] for _ in range(3)]
+            estimates[str(a)] = max(statistics.median(singles), 1e-4)
+    _STATE["session"] = _Session(arms, pool, first, flush, static)
+    return {"ok": True, "estimates_ms": estimates, "static_inputs": list(static),
+            "set_bytes": storage_bytes(first.values, skip=static),  # what each further set adds (static: once)
+            "output_bytes": out_bytes, "distinct": min(distinct_capacity(values, static) for values in pool),
+            "memory": memory_facts(device),
+            "method": "cuda_event" if device.type == "cuda" else "process_cpu_time"}
+
+
+def _sets(worker: Any, msg: dict[str, Any]) -> dict[str, Any]:
+    session = _session("the input sets were requested")
+    k = max(1, int(msg["k"]))
+    # One buffer (one address) for a static input across the k calls: the other sets get no copy of it.
+    rest = [None if i in session.static else v for i, v in enumerate(session.pool[0])]
+    sets = [session.first] + [InputSet(rest, worker.device, guarded=False) for _ in range(k - 1)]
+    for iset in sets[1:]:
+        for i in session.static:
+            iset.values[i] = session.first.values[i]
+    session.sets = sets
+    return {"ok": True, "calls_per_sample": k, "memory": memory_facts(worker.device)}
+
+
+def _session(what: str) -> _Session:
+    session = _STATE["session"]
+    if session is None:
+        raise RuntimeError(f"{what} before the timing run was prepared")
+    return session
+
+
+def _copy_out(worker: Any, session: _Session, calls: list[Any]) -> None:
+    """Copy the named calls of the held sample to the CPU (after the sample; the host chose them)."""
+    if session.held is None:
+        return
+    r, a, outs = session.held
+    session.held = None
+    for c in sorted({int(c) for c in calls}):
+        if not 0 <= c < len(outs):
+            continue
+        out = outs[c]
+        problem = against_expected(out, worker.expected)
+        if problem:
+            session.refused = session.refused or f"round {r}, arm {a}, call {c}: {problem}"
+            continue
+        session.spots.append([compact_cpu(o) if type(o) is torch.Tensor else None for o in out])
+        session.keys.append([r, a, c])
+    del outs
+
+
+def _sample(worker: Any, msg: dict[str, Any]) -> dict[str, Any]:
+    session = _session("a timing sample was requested")
+    if not session.sets:
+        raise RuntimeError("a timing sample was requested before the input sets were built")
+    _copy_out(worker, session, msg.get("copy", []))
+    r, a = int(msg["round"]), int(msg["arm"])
+    source = session.pool[int(msg["set"])]
+    factors = list(msg.get("factors", []))
+    shift = int(msg.get("shift", 0))
+    for j, iset in enumerate(session.sets):  # static inputs: written once, with call 0's values (shift)
+        fill_set(iset.values, source, factors, shift + j, skip=session.static if j else ())
+    argsets = [iset.args() for iset in session.sets]
+    with T.no_grad():
+        T.manual_seed(int(msg.get("seed", r)))
+        ms, wall, outs = _timed(worker.device, session.flush, session.arms[a].fn, argsets)
+    session.held = (r, a, outs)
+    del outs
+    return {"ok": True, "ms": ms, "wall_ms": wall}
+
+
+def _finish(worker: Any, msg: dict[str, Any]) -> dict[str, Any]:
+    session = _STATE["session"]
+    if session is None:
+        raise RuntimeError("the timing run was finished before it started")
+    _copy_out(worker, session, msg.get("copy", []))
+    _STATE["session"] = None
+    answer: dict[str, Any] = {"ok": True, "keys": session.keys}
+    if session.refused:
+        answer["spot_refused"] = session.refused
+    elif session.spots:
+        T.save({"spots": session.spots, "keys": session.keys}, msg["spot_path"])
+        answer["spot_path"] = msg["spot_path"]
+    del session
+    return answer
+
+
+def run_timing(worker: Any, msg: dict[str, Any]) -> dict[str, Any]:
+    """Handle one ``time`` request (``phase``: ``prepare``, ``sets``, ``sample`` or ``finish``)."""
+    phase = msg.get("phase")
+    handler = {"prepare": _prepare, "sets": _sets, "sample": _sample, "finish": _finish}.get(str(phase))
+    if handler is None:
+        _STATE["session"] = None
+        raise ValueError(f"unknown timing phase {phase!r} (expected prepare, sets, sample or finish)")
+    return handler(worker, msg)
