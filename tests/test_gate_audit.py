@@ -59,7 +59,9 @@ _HARNESS = textwrap.dedent('''
 ''')
 
 _FAKELIB = textwrap.dedent('''
-    import subprocess, sys
+    import importlib.metadata, subprocess, sys
+    def plugins():  # what libraries do at import (plugin discovery): reads every package's metadata on sys.path
+        return importlib.metadata.entry_points()
     def run(argv):
         return subprocess.run(argv, capture_output=True, check=False).returncode
     def frame_name():
@@ -75,12 +77,15 @@ def audited(tmp_path_factory):
     for d in (priv, lib, outside):
         d.mkdir()
     (lib / "fakelib.py").write_text(_FAKELIB)
+    (lib / "fakepkg.egg-info").mkdir()  # what an editable install leaves beside its sources (CI's checkout)
+    (lib / "fakepkg.egg-info" / "entry_points.txt").write_text("[console_scripts]\nfake = fakelib:run\n")
+    (lib / "notes.txt").write_text("beside the metadata, not metadata\n")
     secret = outside / "secret.txt"
     secret.write_text("FAKE-SECRET-TOKEN\n")
     victim = outside / "victim.txt"
     victim.write_text("keep me\n")
     cases = {name: textwrap.dedent(src).format(priv=str(priv), outside=str(outside), secret=str(secret),
-                                               victim=str(victim))
+                                               victim=str(victim), lib=str(lib))
              for name, src in CASES.items()}
     spec = root / "cases.json"
     spec.write_text(json.dumps(cases))
@@ -119,6 +124,9 @@ CASES = {
     "read_other_process": "import os\nopen('/proc/%d/environ' % os.getppid(), 'rb').read()\n",
     "read_stdlib": "import os\nopen(os.__file__).read()\n",
     "read_own_proc": "open('/proc/self/status').read()\n",
+    "entry_points": "import fakelib\nfakelib.plugins()\n",
+    "read_package_metadata": "open({lib!r} + '/fakepkg.egg-info/entry_points.txt').read()\n",
+    "read_beside_metadata": "open({lib!r} + '/notes.txt').read()\n",
     # processes, network, native
     "subprocess": "import subprocess\nsubprocess.run(['true'], check=False)\n",
     "library_compiler": "import fakelib\nfakelib.run(['gcc', '--version'])\n",
@@ -137,6 +145,7 @@ CASES = {
     ("gc", "audit_introspection"), ("settrace", "audit_introspection"),
     ("write_trusted", "audit_file_write"), ("write_outside", "audit_file_write"),
     ("remove_outside", "audit_file_write"), ("read_outside", "audit_file_read"),
+    ("read_beside_metadata", "audit_file_read"),
     ("read_via_numpy", "audit_file_read"), ("read_other_process", "audit_file_read"),
     ("subprocess", "audit_process"), ("library_other_process", "audit_process"), ("putenv", "audit_process"),
     ("signal_parent", "audit_process"),
@@ -148,7 +157,8 @@ def test_candidate_event_is_recorded_with_its_check_id_and_blocked(audited, case
 
 
 @pytest.mark.parametrize("case", ["library_getframe", "import_new_module", "write_private", "lock_file",
-                                  "read_stdlib", "read_own_proc", "library_compiler", "signal_self"])
+                                  "read_stdlib", "read_own_proc", "library_compiler", "signal_self",
+                                  "entry_points", "read_package_metadata"])
 def test_allowed_actions_raise_no_audit_record(audited, case):
     assert (audited[case]["checks"], audited[case]["error"]) == ([], None), audited[case]
 

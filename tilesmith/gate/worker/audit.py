@@ -259,7 +259,20 @@ class _State:
             head = path.split(os.sep)[2]
             if head.isdigit() and head != self.pid:
                 return False
-        return _under(path, self.readable)
+        return _under(path, self.readable) or self.package_metadata(path)
+
+    def package_metadata(self, path: str) -> bool:
+        """A file or folder of installed-package metadata (``<entry>/<name>.dist-info/...`` or ``.egg-info``)
+        directly under a ``sys.path`` entry. Rationale: ``importlib.metadata.entry_points()`` (called by
+        libraries at import, e.g. plugin discovery) reads every such folder on ``sys.path``; an editable
+        install of the user's own package leaves ``<checkout>/<name>.egg-info`` beside its sources, which
+        CI found outside the Python installation."""
+        parent, name = os.path.split(path)
+        while parent and parent not in self.listable:
+            parent, name = os.path.split(parent)
+            if parent in ("", os.sep):
+                return False
+        return name.endswith((".dist-info", ".egg-info"))
 
     # -- the decision ------------------------------------------------------------------------------
     def judge(self, event: str, args: tuple[Any, ...], frame: Any) -> None:
