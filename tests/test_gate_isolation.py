@@ -5,6 +5,7 @@ user's cache or another worker."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -62,6 +63,35 @@ def test_cache_template_is_copied_not_linked(tmp_path):
     assert (template / "inductor" / "xy" / "orig.py").read_text() == "call = None\n"
     Fresh.saw = {"sha"}
     assert caches.make_cache_template(Fresh, tmp_path / "template2") is None  # saw a candidate: never
+
+
+
+def test_copied_triton_cache_groups_point_into_the_new_worker(tmp_path, monkeypatch):
+    """Triton's group files hold absolute paths; a copied template must not send a candidate worker's cache
+    hits into the trusted worker's folder (the H200 rejected every edited CUDA candidate for it)."""
+    class Trusted:
+        saw: set[str] = set()
+        dir = tmp_path / "trusted"
+
+    key = Trusted.dir / "triton" / "KEY123"
+    key.mkdir(parents=True)
+    (key / "k.json").write_text("{}")
+    (key / "k.cubin").write_bytes(b"\0cubin")
+    gone = str(tmp_path / "elsewhere" / "k.ptx")  # a child without a file beside the group: left alone
+    (key / "__grp__k.json").write_text(json.dumps({"child_paths": {"k.json": str(key / "k.json"),
+                                                                  "k.cubin": str(key / "k.cubin"),
+                                                                  "k.ptx": gone}}))
+    template = caches.make_cache_template(Trusted, tmp_path / "template")  # type: ignore[arg-type]
+    target = tmp_path / "w2"
+    caches.copy_cache_template(template, target)
+    children = json.loads((target / "triton" / "KEY123" / "__grp__k.json").read_text())["child_paths"]
+    assert children == {"k.json": str(target / "triton" / "KEY123" / "k.json"),
+                        "k.cubin": str(target / "triton" / "KEY123" / "k.cubin"), "k.ptx": gone}
+    assert str(Trusted.dir) in (template / "triton" / "KEY123" / "__grp__k.json").read_text()  # template kept
+    cache = pytest.importorskip("triton.runtime.cache")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(target / "triton"))
+    group = cache.FileCacheManager("KEY123").get_group("k.json")  # what a cache hit in the worker opens
+    assert group and all(path.startswith(str(target) + os.sep) for path in group.values()), group
 
 
 def _environ_of(pid: int) -> dict[str, str]:

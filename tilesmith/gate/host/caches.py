@@ -116,7 +116,8 @@ def make_cache_template(worker: Any, template: Path) -> Path | None:
 
 def copy_cache_template(template: Path, worker_dir: Path) -> int:
     """Copy a :func:`make_cache_template` folder into a new worker's private directory (copies, never
-    links: a worker cannot change what the next one loads). Returns the number of files copied."""
+    links: a worker cannot change what the next one loads), with Triton's group files pointed at the copy
+    (:func:`relink_triton_groups`). Returns the number of files copied."""
     copied = 0
     for sub in _TEMPLATE_SUBDIRS:
         if not (template / sub).is_dir():
@@ -126,7 +127,42 @@ def copy_cache_template(template: Path, worker_dir: Path) -> int:
             copied += sum(len(files) for _, _, files in os.walk(worker_dir / sub))
         except OSError:
             continue
+    relink_triton_groups(worker_dir / PRIVATE_CACHE_DIRS["TRITON_CACHE_DIR"])
     return copied
+
+
+def relink_triton_groups(triton_dir: Path) -> int:
+    """Point every ``__grp__*.json`` of a copied Triton cache at the files beside it; returns how many changed.
+
+    Triton (3.6 ``runtime/cache.py``, ``FileCacheManager.put_group``) records a compiled kernel's files as
+    absolute paths in ``<key>/__grp__<name>.json`` (``{"child_paths": {file name: absolute path}}``) and a
+    cache hit opens those paths. A copied template's group files name the trusted worker's folder, so a
+    candidate worker's import of an unchanged kernel opened a file outside its private directory and the audit
+    rejected every edited CUDA candidate (``audit_file_read``; seen on the H200, 2026-12-02). A child path is
+    rewritten only when a file of that name exists in the group file's own folder; others are left as they are
+    (Triton then recompiles the kernel, it never fails).
+    """
+    import json
+
+    changed = 0
+    if not triton_dir.is_dir():
+        return 0
+    for group in triton_dir.glob("*/__grp__*.json"):
+        try:
+            data = json.loads(group.read_text())
+            children = data.get("child_paths")
+            if not isinstance(children, dict):
+                continue
+            fixed = {name: (str(group.parent / os.path.basename(path))
+                            if isinstance(path, str) and (group.parent / os.path.basename(path)).is_file() else path)
+                     for name, path in children.items()}
+            if fixed != children:
+                data["child_paths"] = fixed
+                group.write_text(json.dumps(data))
+                changed += 1
+        except (OSError, ValueError):
+            continue
+    return changed
 
 
 def _link_precompiled_headers(worker_dir: Path) -> int:

@@ -9,8 +9,22 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <optional>
+#include <string>
 
 namespace tsk {
+
+// Numbers in error messages go through std::to_string, never `std::ostream << int64_t`.
+// Rationale: on the H200 image (g++ 13.3, torch 2.11.0+cu130, 2026-12-02) a TORCH_CHECK in an extension built
+// there segfaulted while raising when its message streamed an integer (int8_linear's "at most 16 rows ... got 17",
+// and a minimal load_inline probe `TORCH_CHECK(n < 1, "boom ", n)`); messages streaming only text and ScalarType
+// raised normally. IntArrayRef's operator<< streams integers too, so sizes and strides use dims().
+inline std::string num(int64_t v) { return std::to_string(v); }
+
+inline std::string dims(c10::IntArrayRef a) {
+  std::string s = "[";
+  for (size_t i = 0; i < a.size(); ++i) s += (i ? ", " : "") + std::to_string(a[i]);
+  return s + "]";
+}
 
 inline int dtype_code(at::ScalarType t, const char* name) {
   switch (t) {
@@ -31,8 +45,8 @@ struct Rows {
 inline Rows row_view(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.dim() >= 1, name, " must have at least one dimension");
   const int64_t d = t.size(-1);
-  TORCH_CHECK(d <= 1 || t.stride(-1) == 1, name, " must have unit stride in its last dimension (sizes ", t.sizes(),
-              ", strides ", t.strides(), ")");
+  TORCH_CHECK(d <= 1 || t.stride(-1) == 1, name, " must have unit stride in its last dimension (sizes ", dims(t.sizes()),
+              ", strides ", dims(t.strides()), ")");
   int64_t rows = 1, stride = d, expect = -1;
   for (int64_t i = t.dim() - 2; i >= 0; --i) {
     const int64_t s = t.size(i);
@@ -40,8 +54,8 @@ inline Rows row_view(const at::Tensor& t, const char* name) {
     if (expect < 0) {
       stride = t.stride(i);
     } else {
-      TORCH_CHECK(t.stride(i) == expect, name, ": leading dimensions must collapse into rows (sizes ", t.sizes(),
-                  ", strides ", t.strides(), ")");
+      TORCH_CHECK(t.stride(i) == expect, name, ": leading dimensions must collapse into rows (sizes ", dims(t.sizes()),
+                  ", strides ", dims(t.strides()), ")");
     }
     expect = t.stride(i) * s;
     rows *= s;
@@ -59,8 +73,8 @@ inline const void* vector_ptr(const std::optional<at::Tensor>& t, const at::Tens
                               const char* name) {
   if (!t.has_value()) return nullptr;
   check_cuda(*t, like, name);
-  TORCH_CHECK(t->numel() == d, name, " must have ", d, " elements (got sizes ", t->sizes(), ")");
-  TORCH_CHECK(t->is_contiguous(), name, " must be contiguous (strides ", t->strides(), ")");
+  TORCH_CHECK(t->numel() == d, name, " must have ", num(d), " elements (got sizes ", dims(t->sizes()), ")");
+  TORCH_CHECK(t->is_contiguous(), name, " must be contiguous (strides ", dims(t->strides()), ")");
   return t->data_ptr();
 }
 

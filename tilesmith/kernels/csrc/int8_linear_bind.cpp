@@ -11,12 +11,12 @@ static Int8LinearArgs make_args(const at::Tensor& x, const at::Tensor& w, const 
   TORCH_CHECK(x.scalar_type() == at::kBFloat16, "int8_linear: x must be bfloat16 (got ", x.scalar_type(), ")");
   check_cuda(w, x, "int8_linear: w");
   TORCH_CHECK(w.scalar_type() == at::kChar, "int8_linear: w must be int8 (got ", w.scalar_type(), ")");
-  TORCH_CHECK(w.dim() == 2, "int8_linear: w must be [N, K] (got sizes ", w.sizes(), ")");
+  TORCH_CHECK(w.dim() == 2, "int8_linear: w must be [N, K] (got sizes ", dims(w.sizes()), ")");
   const Rows xr = row_view(x, "int8_linear: x");
   const int64_t N = w.size(0), K = w.size(1);
-  TORCH_CHECK(xr.d == K, "int8_linear: x has ", xr.d, " features, w has ", K);
-  TORCH_CHECK(K <= 1 || w.stride(1) == 1, "int8_linear: w must have unit stride along K (strides ", w.strides(), ")");
-  TORCH_CHECK(xr.rows <= 16, "int8_linear: at most 16 rows of x (decode shapes), got ", xr.rows);
+  TORCH_CHECK(xr.d == K, "int8_linear: x has ", num(xr.d), " features, w has ", num(K));
+  TORCH_CHECK(K <= 1 || w.stride(1) == 1, "int8_linear: w must have unit stride along K (strides ", dims(w.strides()), ")");
+  TORCH_CHECK(xr.rows <= 16, "int8_linear: at most 16 rows of x (decode shapes), got ", num(xr.rows));
   Int8LinearArgs p{};
   p.M = static_cast<int>(xr.rows);
   p.N = static_cast<int>(N);
@@ -32,7 +32,7 @@ static Int8LinearArgs make_args(const at::Tensor& x, const at::Tensor& w, const 
   if (residual.has_value()) {
     check_cuda(*residual, x, "int8_linear: residual");
     TORCH_CHECK(out == nullptr || residual->sizes() == out->sizes(), "int8_linear: residual must have the output's "
-                "sizes ", out ? out->sizes() : x.sizes(), " (got ", residual->sizes(), ")");
+                "sizes ", dims(out ? out->sizes() : x.sizes()), " (got ", dims(residual->sizes()), ")");
     const Rows rr = row_view(*residual, "int8_linear: residual");
     p.res = residual->data_ptr();
     p.res_dtype = dtype_code(residual->scalar_type(), "int8_linear: residual");
@@ -57,7 +57,7 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& w, const std::opti
                        const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& residual,
                        std::optional<at::ScalarType> out_dtype, int64_t variant) {
   TORCH_CHECK(x.is_cuda() && x.dim() >= 1, "int8_linear: x must be a CUDA tensor with at least one dimension");
-  TORCH_CHECK(w.dim() == 2, "int8_linear: w must be [N, K] (got sizes ", w.sizes(), ")");
+  TORCH_CHECK(w.dim() == 2, "int8_linear: w must be [N, K] (got sizes ", dims(w.sizes()), ")");
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor out = at::empty(out_sizes(x, w.size(0)), x.options().dtype(out_dtype.value_or(at::kBFloat16)));
   const Int8LinearArgs p = make_args(x, w, scale, bias, residual, &out);

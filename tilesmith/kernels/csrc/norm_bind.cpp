@@ -20,12 +20,12 @@ static std::vector<at::Tensor> norm(const at::Tensor& x, const std::optional<at:
   p.eps = static_cast<float>(eps);
   p.round_before_weight = round_before_weight ? 1 : 0;
   p.layer_norm = layer_norm ? 1 : 0;
-  TORCH_CHECK(xr.d <= norm_max_d(p.dtype), what, ": rows of at most ", norm_max_d(p.dtype), " elements (got ", xr.d,
+  TORCH_CHECK(xr.d <= norm_max_d(p.dtype), what, ": rows of at most ", num(norm_max_d(p.dtype)), " elements (got ", num(xr.d),
               ")");
   if (residual.has_value()) {
     check_cuda(*residual, x, "residual");
     TORCH_CHECK(residual->sizes() == x.sizes() && residual->scalar_type() == x.scalar_type(), what,
-                ": residual must have x's sizes ", x.sizes(), " and dtype ", x.scalar_type());
+                ": residual must have x's sizes ", dims(x.sizes()), " and dtype ", x.scalar_type());
     const Rows rr = row_view(*residual, "residual");
     p.r = residual->data_ptr();
     p.sr = rr.stride;

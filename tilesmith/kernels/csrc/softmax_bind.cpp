@@ -23,7 +23,7 @@ at::Tensor softmax(const at::Tensor& a, const std::optional<at::Tensor>& b, doub
   if (b.has_value()) {
     check_cuda(*b, a, "softmax: b");
     TORCH_CHECK(b->sizes() == a.sizes() && b->scalar_type() == a.scalar_type(), "softmax: b must have a's sizes ",
-                a.sizes(), " and dtype ", a.scalar_type(), " (got ", b->sizes(), ", ", b->scalar_type(), ")");
+                dims(a.sizes()), " and dtype ", a.scalar_type(), " (got ", dims(b->sizes()), ", ", b->scalar_type(), ")");
     const Rows br = row_view(*b, "softmax: b");
     p.b = b->data_ptr();
     p.sb = br.stride;
