@@ -218,3 +218,19 @@ def runtime_checks_only(monkeypatch: Any) -> None:
 
     monkeypatch.setattr(gate_module, "scan", lambda source: [])
 
+
+
+def no_compile_caches() -> Any:
+    """A context in which no FX graph or AOTAutograd cache hit happens: Inductor's ``inner_compile`` runs.
+
+    Why: tests that read what ``inner_compile`` was passed (static_input_idxs, the FX module) would otherwise
+    see an AOTAutograd cache hit on a second run over the same ``TORCHINDUCTOR_CACHE_DIR``, whose record has
+    no inputs until the first real call."""
+    import contextlib
+
+    import torch
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch._inductor.config.patch(fx_graph_cache=False))
+    stack.enter_context(torch._functorch.config.patch(enable_autograd_cache=False))
+    return stack

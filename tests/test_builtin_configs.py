@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests import gate_support as gs
+
 from tests.builtin_fake_session import FakeSession, captured_graph
 from tests.fixture_paths import fixture as fixture_path
 from tilesmith.agent.builtin import BuiltinOptimizer, BuiltinOptimizerFactory
@@ -64,16 +66,6 @@ class Small(torch.nn.Module):
         return torch.nn.functional.layer_norm(x + self.b(torch.relu(self.a(x))), (32,))
 
 
-def _no_caches():
-    """No FX graph or AOTAutograd cache hit: ``inner_compile`` must run."""
-    import contextlib
-
-    stack = contextlib.ExitStack()
-    stack.enter_context(torch._inductor.config.patch(fx_graph_cache=False))
-    stack.enter_context(torch._functorch.config.patch(enable_autograd_cache=False))
-    return stack
-
-
 def _capture(model: torch.nn.Module, x: torch.Tensor) -> list[fxgraph.FxModule]:
     from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
@@ -86,7 +78,7 @@ def _capture(model: torch.nn.Module, x: torch.Tensor) -> list[fxgraph.FxModule]:
         return compile_fx_inner(gm, example_inputs, **kwargs)
 
     torch._dynamo.reset()
-    with torch.no_grad(), _no_caches():
+    with torch.no_grad(), gs.no_compile_caches():
         torch.compile(model, backend=lambda gm, ex: compile_fx(gm, ex, inner_compile=inner))(x)
     torch._dynamo.reset()
     return got
@@ -119,7 +111,7 @@ def test_graphs_with_too_many_constant_bytes_are_not_serialized(monkeypatch):
         return compile_fx_inner(gm, example_inputs, **kwargs)
 
     torch._dynamo.reset()
-    with torch.no_grad(), _no_caches():
+    with torch.no_grad(), gs.no_compile_caches():
         torch.compile(Const(), backend=lambda gm, ex: compile_fx(gm, ex, inner_compile=inner))(torch.randn(4096))
     torch._dynamo.reset()
     assert got and got[0] is None
@@ -163,7 +155,7 @@ def _wrapper_source(model: torch.nn.Module, x: torch.Tensor) -> str:
         return compiled
 
     torch._dynamo.reset()
-    with torch.no_grad(), _no_caches():
+    with torch.no_grad(), gs.no_compile_caches():
         torch.compile(model, backend=lambda gm, ex: compile_fx(gm, ex, inner_compile=inner))(x)
     torch._dynamo.reset()
     return sources[0]

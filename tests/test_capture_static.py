@@ -29,7 +29,7 @@ class _WithParams(torch.nn.Module):
 
 
 def _compile(model: torch.nn.Module, x: torch.Tensor, grad: bool) -> list[tuple[CapturedGraph, dict[str, Any]]]:
-    from tests.gate_support import fast_probe
+    from tests.gate_support import fast_probe, no_compile_caches
 
     fast_probe()
     seen: list[tuple[CapturedGraph, dict[str, Any]]] = []
@@ -40,11 +40,12 @@ def _compile(model: torch.nn.Module, x: torch.Tensor, grad: bool) -> list[tuple[
     torch._dynamo.reset()
     try:
         fn = torch.compile(model, backend=TilesmithBackend(sink))
-        if grad:
-            fn(x.requires_grad_()).sum().backward()
-        else:
-            with torch.no_grad():
-                fn(x)
+        with no_compile_caches():
+            if grad:
+                fn(x.requires_grad_()).sum().backward()
+            else:
+                with torch.no_grad():
+                    fn(x)
     finally:
         torch._dynamo.reset()
     return seen

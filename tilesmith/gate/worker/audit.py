@@ -259,7 +259,9 @@ class _State:
             head = path.split(os.sep)[2]
             if head.isdigit() and head != self.pid:
                 return False
-        return _under(path, self.readable) or self.package_metadata(path)
+        # A sys.path entry itself (importlib.metadata opens each one as a possible zip archive, including
+        # setuptools' editable ``__editable__.<name>.finder.__path_hook__`` entry): code is imported from there.
+        return _under(path, self.readable) or path in self.listable or self.package_metadata(path)
 
     def package_metadata(self, path: str) -> bool:
         """A file or folder of installed-package metadata (``<entry>/<name>.dist-info/...`` or ``.egg-info``)
