@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml constraints/dev.txt scripts/install-dev.sh
 	touch $(STAMP)
 
 demo: install
-	$(PY) examples/main_job.py
+	TILESMITH_CACHE_DIR=$${TILESMITH_CACHE_DIR:-$(CURDIR)/.cache/tilesmith} $(PY) examples/main_job.py
 
 # The CLIProxyAPI binary for the real-proxy tests (skipped, with that reason, when Go is absent).
 proxy:
