@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tilesmith.agent.builtin.base import GraphContext, Proposal, Skip
-from tilesmith.agent.builtin.wrapper_text import WrapperShapeError, parse_entry, written_inputs
+from tilesmith.agent.builtin.wrapper_text import rewritable_entry, written_inputs
 
 NAME = "cudagraph"
 MARKER = "class _TilesmithCUDAGraphCall"
@@ -60,16 +60,7 @@ def cudagraph_source(source: str, *, device: str | None = None, mutated_input_id
     """
     if MARKER in source:
         raise Skip("the source already replays a whole-call CUDA graph")
-    if "cpp_wrapper_src" in source or "inductor_entry" in source:
-        raise Skip("C++ wrapper (cpp_wrapper): only Python wrappers are rewritten")
-    try:
-        entry = parse_entry(source)
-    except WrapperShapeError as exc:
-        raise Skip(str(exc)) from None
-    if entry.has_partitions:
-        raise Skip("the wrapper already runs CUDA-graph partitions (mode='reduce-overhead')")
-    if len(entry.device_indices) > 1:
-        raise Skip(f"the body uses several CUDA devices {list(entry.device_indices)}")
+    entry = rewritable_entry(source, partitions="the wrapper already runs CUDA-graph partitions (mode='reduce-overhead')")
     if device is None:
         device = f"cuda:{entry.device_indices[0]}" if entry.device_indices else "cpu"
     if not device.startswith("cuda") and not allow_cpu:

@@ -31,7 +31,7 @@ from typing import Any
 from tilesmith import settings
 from tilesmith.agent.builtin.base import GraphContext, Proposal, Skip
 from tilesmith.agent.builtin.native_match import NativePlan, NoMatch, match_program
-from tilesmith.agent.builtin.wrapper_text import WrapperShapeError, parse_entry, triton_kernels
+from tilesmith.agent.builtin.wrapper_text import rewritable_entry, triton_kernels
 
 log = logging.getLogger("tilesmith")
 
@@ -65,16 +65,7 @@ def native_source(source: str, plan: NativePlan, key: Any, *, device: str = "cud
     """
     if BEGIN in source:
         raise Skip("the source already calls a native kernel")
-    if "cpp_wrapper_src" in source or "inductor_entry" in source:
-        raise Skip("C++ wrapper (cpp_wrapper): only Python wrappers are rewritten")
-    try:
-        entry = parse_entry(source)
-    except WrapperShapeError as exc:
-        raise Skip(str(exc)) from None
-    if entry.has_partitions:
-        raise Skip("the wrapper runs CUDA-graph partitions (mode='reduce-overhead')")
-    if len(entry.device_indices) > 1:
-        raise Skip(f"the body uses several CUDA devices {list(entry.device_indices)}")
+    entry = rewritable_entry(source, partitions="the wrapper runs CUDA-graph partitions (mode='reduce-overhead')")
     names = entry.input_names
     if input_count is not None and len(names) != input_count:
         raise Skip(f"the body unpacks {len(names)} arguments, the FX program has {input_count} inputs")

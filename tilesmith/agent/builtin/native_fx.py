@@ -23,6 +23,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from tilesmith._ast import dotted_name
+
 _ANNOTATION = re.compile(r"^(\w+)\[([^\]]*)\]\[([^\]]*)\](.*)$")
 
 #: ``torch.<name>`` dtype attribute -> FX annotation abbreviation.
@@ -169,17 +171,6 @@ def _value(node: ast.AST) -> Any:
     return None
 
 
-def _dotted(node: ast.AST) -> str:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-        return ".".join(reversed(parts))
-    return ""
-
-
 def parse_fx(text: str) -> FxGraph:
     """Parse ``text`` (module docstring). Raises :class:`FxParseError` for text without a ``forward``."""
     body = re.sub(r"^class [^\n]*:", "class _G:", text.strip(), count=1)
@@ -217,13 +208,13 @@ def parse_fx(text: str) -> FxGraph:
         else:
             continue
         if isinstance(rhs, ast.Call):
-            target = _dotted(rhs.func)
+            target = dotted_name(rhs.func) or ""
             op = target[len("torch.ops."):] if target.startswith("torch.ops.") else target
             nodes[name] = Node(name, "call", meta, op=op, args=tuple(_value(a) for a in rhs.args),
                                kwargs={k.arg: _value(k.value) for k in rhs.keywords if k.arg})
         elif isinstance(rhs, ast.Subscript) and isinstance(rhs.value, ast.Name) and isinstance(rhs.slice, ast.Constant):
             nodes[name] = Node(name, "getitem", meta, source=rhs.value.id, index=int(rhs.slice.value))
-        elif isinstance(rhs, ast.Attribute) and _dotted(rhs).startswith("self."):
+        elif isinstance(rhs, ast.Attribute) and (dotted_name(rhs) or "").startswith("self."):
             nodes[name] = Node(name, "attr", meta)
         else:
             nodes[name] = Node(name, "other", meta)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tilesmith import settings
+from tilesmith._proc import kill_group
 from tilesmith.agent.builtin.base import KernelTiming, Profile
 from tilesmith.agent.builtin.configs import VariantScreen
 
@@ -83,7 +83,7 @@ def run_search(source: str, device: str, *, timeout_s: float | None = None, max_
             except subprocess.TimeoutExpired:
                 timed_out = True
             finally:
-                _kill_group(proc)
+                kill_group(proc)
         data: dict[str, Any] | None = None
         if result.exists():
             try:
@@ -101,18 +101,6 @@ def run_search(source: str, device: str, *, timeout_s: float | None = None, max_
             data.setdefault("errors", []).append(f"the search worker was stopped at its {limit:.0f} s limit; "
                                                  "later measurements are missing")
         return parse_result(data)
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """Kill the worker's process group (its compile workers included) and reap it."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL does not fail
-        pass
 
 
 def parse_result(data: dict[str, Any]) -> Profile:

@@ -262,3 +262,25 @@ def _origin(expr: ast.AST, alias: dict[str, int]) -> int | None:
             and expr.args):
         return _origin(expr.args[0], alias)
     return None
+
+
+def rewritable_entry(source: str, *, partitions: str) -> EntryInfo:
+    """The :func:`parse_entry` facts of a Python CUDA wrapper the built-in rewrites may edit.
+
+    Raises:
+        Skip: a C++ wrapper (``cpp_wrapper``: no Python ``call`` to rewrite), a body :func:`parse_entry` cannot
+            read, CUDA-graph partitions (``partitions`` is the reason's wording), or several CUDA devices.
+    """
+    from tilesmith.agent.builtin.base import Skip
+
+    if "cpp_wrapper_src" in source or "inductor_entry" in source:
+        raise Skip("C++ wrapper (cpp_wrapper): only Python wrappers are rewritten")
+    try:
+        entry = parse_entry(source)
+    except WrapperShapeError as exc:
+        raise Skip(str(exc)) from None
+    if entry.has_partitions:
+        raise Skip(partitions)
+    if len(entry.device_indices) > 1:
+        raise Skip(f"the body uses several CUDA devices {list(entry.device_indices)}")
+    return entry

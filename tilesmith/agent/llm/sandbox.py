@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -41,6 +40,7 @@ from dataclasses import dataclass, field
 from importlib.util import find_spec
 from pathlib import Path
 
+from tilesmith._proc import kill_group
 from tilesmith.agent.llm.redact import tool_env
 
 MAX_OUTPUT_BYTES = 64 * 1024
@@ -155,7 +155,7 @@ class Sandbox:
                     code: int | None = proc.wait(timeout=timeout_s)
                 except subprocess.TimeoutExpired:
                     timed_out, code = True, None
-                    _kill_group(proc)
+                    kill_group(proc)
                 duration = time.monotonic() - started
             stdout, n_out = _tail(out_path)
             stderr, n_err = _tail(err_path)
@@ -166,17 +166,6 @@ COMMAND_PATH = "/.tilesmith/command.sh"
 """Where the agent's command file is shown (read-only) inside the sandbox."""
 # ulimit inside the sandbox (bash counts -f in KiB), then the agent's command file; $1 CPU seconds, $2 file KiB.
 _LIMITS = f'ulimit -c 0 && ulimit -t "$1" && ulimit -f "$2" && exec bash {COMMAND_PATH}'
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL did not take
-        pass
 
 
 def _tail(path: Path) -> tuple[str, int]:
