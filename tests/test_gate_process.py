@@ -8,7 +8,8 @@ import torch
 
 from tilesmith.errors import WorkerError
 from tilesmith.gate import protocol, torchstate
-from tilesmith.gate.host.process import describe_exit, redact, worker_environment
+from tilesmith.gate.host.process import describe_exit, worker_environment
+from tilesmith.secrets import redact
 from tilesmith.gate.host.reference import OutputTooLarge, load_outputs
 from tilesmith.gate.layout import output_facts
 from tilesmith.gate.worker.runtime import GuardedAllocator, InputSet

@@ -19,7 +19,8 @@ from tilesmith.agent.llm.proxy_config import (
     route_model,
     write_private_config,
 )
-from tilesmith.agent.llm.redact import Redactor, proxy_env, tool_env
+from tilesmith.agent.llm.redact import proxy_env, tool_env
+from tilesmith.secrets import Redactor
 
 FIXTURES = Path(__file__).parent / "fixtures" / "inductor-h200"
 

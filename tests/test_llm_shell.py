@@ -282,7 +282,7 @@ def test_shell_has_no_secret_no_user_files_no_network_and_writes_only_its_worksp
 
 @needs_sandbox
 def test_shell_limits_time_output_and_never_follows_links_the_shell_leaves(tmp_path):
-    from tilesmith.agent.llm.redact import Redactor
+    from tilesmith.secrets import Redactor
     from tilesmith.agent.llm.sandbox import MAX_OUTPUT_BYTES
     from tilesmith.agent.llm.shell import GraphShell
 

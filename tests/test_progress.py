@@ -9,7 +9,8 @@ import pty
 
 import pytest
 
-from tilesmith.progress import Progress, redact
+from tilesmith.progress import Progress
+from tilesmith.secrets import redact
 
 LABEL = "1a2b3c4d (0_inference)"
 
@@ -131,3 +132,13 @@ def test_secret_values_never_reach_display_or_logs(monkeypatch, caplog):
 def test_invalid_mode_is_rejected():
     with pytest.raises(ValueError, match="auto"):
         Progress(mode="loud")
+
+
+def test_one_secret_rule_covers_provider_keys_credential_names_and_bearer_shapes():
+    from tilesmith.secrets import secret_values
+
+    env = {"OPENAI_API_KEY": "sk-provider-0123456789", "MY_SERVICE_TOKEN": "tok-0123456789abcdef",
+           "DB_PASSWORD": "short", "PATH": "/usr/bin:/bin-0123456789"}
+    assert secret_values(env) == ("sk-provider-0123456789", "tok-0123456789abcdef")  # ≥ 8 chars, credential names
+    text = "a sk-provider-0123456789 b tok-0123456789abcdef c short d /usr/bin:/bin-0123456789 e sk-abcdefghijklmnop0"
+    assert redact(text, env) == "a <redacted> b <redacted> c short d /usr/bin:/bin-0123456789 e <redacted>"

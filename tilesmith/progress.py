@@ -16,7 +16,7 @@ Logging: every message also goes to the ``tilesmith.progress`` logger (start/fin
 DEBUG), whatever the display mode. Standard ``logging`` configuration applies.
 
 Secrets: every text is passed through :func:`redact`, which replaces the value of any provider-key
-variable that is set (``tilesmith.settings.secret_values``) by ``<redacted>``.
+variable that is set (the rule of :mod:`tilesmith.secrets`) by ``<redacted>``.
 
 Thread safety: one lock per :class:`Progress`; graphs may be optimized from several threads.
 """
@@ -31,18 +31,11 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 from tilesmith import settings
+from tilesmith.secrets import redact
 
 log = logging.getLogger("tilesmith.progress")
 
 _ERASE = "\r\x1b[2K"
-
-
-def redact(text: str) -> str:
-    """``text`` with every set provider-key value (of length ≥ 4) replaced by ``<redacted>``."""
-    for secret in settings.secret_values():
-        if len(secret) >= 4:
-            text = text.replace(secret, "<redacted>")
-    return text
 
 
 @dataclass

@@ -415,9 +415,3 @@ def cache_root(environ: dict[str, str] | None = None) -> Path:
     if xdg:
         return Path(xdg).expanduser() / "tilesmith"
     return Path.home() / ".cache" / "tilesmith"
-
-
-def secret_values(environ: dict[str, str] | None = None) -> tuple[str, ...]:
-    """Values of every provider-key variable that is set (for secret scans and log redaction)."""
-    env = os.environ if environ is None else environ
-    return tuple(v for k in PROVIDER_KEY_VARIABLES if (v := env.get(k)))

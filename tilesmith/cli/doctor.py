@@ -8,7 +8,7 @@ unless ``--no-proxy``, whether the private proxy starts and which models it list
 Severity: ``error`` means the main job cannot optimize (``tilesmith.compile`` would fall back to plain
 ``torch.compile`` or not run at all) — the exit code is then 1; ``warn`` works with a caveat; ``info`` is
 context. LLM pieces are errors only when the chosen model needs them (not for ``tilesmith/builtin``).
-Every problem carries a remedy. Output passes through :func:`tilesmith.progress.redact`.
+Every problem carries a remedy. Output passes through :func:`tilesmith.secrets.redact`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any, TextIO
 
 from tilesmith import settings
 from tilesmith.cli import llm_adapter
-from tilesmith.progress import redact
+from tilesmith.secrets import redact
 
 BUILTIN = "tilesmith/builtin"
 

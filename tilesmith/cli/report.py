@@ -11,7 +11,7 @@ network, so the file can be mailed or attached to an issue as is. A tiny inline 
 ``<body>`` how many plots the browser decoded (``data-plots-loaded`` / ``data-plots-total``); the test
 suite reads it back from headless Chromium.
 
-All text from the run folder is HTML-escaped and passed through :func:`tilesmith.progress.redact`.
+All text from the run folder is HTML-escaped and passed through :func:`tilesmith.secrets.redact`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from tilesmith.cli import _format as fmt
 from tilesmith.cli.rundata import RunData, TrackData, number
-from tilesmith.progress import redact
+from tilesmith.secrets import redact
 
 _CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;margin:2rem auto;max-width:1100px;

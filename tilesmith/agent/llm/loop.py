@@ -33,7 +33,6 @@ from langsmith import tracing_context
 
 from tilesmith.agent.llm.budget import BudgetedChatOpenAI, ModelCallBudget
 from tilesmith.agent.llm.prompts import system_prompt, turn_message
-from tilesmith.agent.llm.redact import Redactor
 from tilesmith.agent.llm.sandbox import Sandbox
 from tilesmith.agent.llm.shell import GraphShell
 from tilesmith.agent.llm.skills import Skill
@@ -41,6 +40,7 @@ from tilesmith.agent.llm.tools import TurnState, make_tools
 from tilesmith.agent.llm.tracing import LiveTrace, TraceRecorder
 from tilesmith.agent.protocol import Session, StopOptimization
 from tilesmith.errors import BudgetExhausted, ProxyError
+from tilesmith.secrets import Redactor
 
 GIVE_UP_TURNS = 2
 """Consecutive turns without any change or evaluation after which the agent is taken to have given up."""

@@ -57,9 +57,10 @@ from tilesmith.agent.llm.proxy_config import (
     load_user_config,
     write_private_config,
 )
-from tilesmith.agent.llm.redact import Redactor, proxy_env, secret_values
+from tilesmith.agent.llm.redact import proxy_env
 from tilesmith.errors import ProxyError
 from tilesmith.records import Diagnostic
+from tilesmith.secrets import Redactor, secret_values
 import contextlib
 
 PORT_ATTEMPTS = 5

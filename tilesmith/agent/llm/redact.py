@@ -10,21 +10,14 @@ credential (``*KEY*``, ``*TOKEN*``, ``*SECRET*``, ``*PASSWORD*``, ``*CREDENTIAL*
   proxy settings only; ``HOME``/``TMPDIR`` point into the private run directory. CLIProxyAPI's storage
   and mode switches (``PGSTORE_*``, ``GITSTORE_*``, ``OBJECTSTORE_*``, ``HOME_JWT``, ``DEPLOY``,
   ``WRITABLE_PATH``, ``MANAGEMENT_*``) are therefore never passed.
-* :class:`Redactor` — replaces known secret values in any text with ``<redacted>``.
+* :class:`Redactor` and :func:`secret_values` — the one secret rule, in :mod:`tilesmith.secrets`.
 """
 
 from __future__ import annotations
 
-import re
-import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
-from tilesmith.settings import PROVIDER_KEY_VARIABLES
-
-REDACTED = "<redacted>"
-_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH|COOKIE|SESSION", re.IGNORECASE)
-_MIN_SECRET_LEN = 8
-"""Shorter values are not treated as secrets (they would mangle ordinary words); real keys are far longer."""
+from tilesmith.secrets import is_secret_name, secret_values
 
 _TOOL_ENV_EXACT = frozenset({
     "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TEMP", "TMP", "SHELL",
@@ -40,17 +33,6 @@ _PROXY_ENV_EXACT = frozenset({
 })
 
 
-def secret_values(environ: Mapping[str, str]) -> tuple[str, ...]:
-    """Values of provider variables and of variables whose name looks like a credential."""
-    out: list[str] = []
-    for name, value in environ.items():
-        if not value or len(value.strip()) < _MIN_SECRET_LEN:
-            continue
-        if name in PROVIDER_KEY_VARIABLES or _SECRET_NAME.search(name):
-            out.append(value.strip())
-    return tuple(dict.fromkeys(out))
-
-
 def tool_env(environ: Mapping[str, str], extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """Environment for a tool subprocess: allowlisted names only, no credential names, no secret values.
 
@@ -63,7 +45,7 @@ def tool_env(environ: Mapping[str, str], extra: Mapping[str, str] | None = None)
     merged = {**environ, **(extra or {})}
     for name, value in merged.items():
         allowed = name in _TOOL_ENV_EXACT or name.startswith(_TOOL_ENV_PREFIXES)
-        if not allowed or _SECRET_NAME.search(name) or name in PROVIDER_KEY_VARIABLES:
+        if not allowed or is_secret_name(name):
             continue
         if any(s in value for s in secrets):
             continue
@@ -78,35 +60,3 @@ def proxy_env(environ: Mapping[str, str], *, home: str, tmpdir: str) -> dict[str
     out["HOME"] = home
     out["TMPDIR"] = tmpdir
     return out
-
-
-class Redactor:
-    """Replaces every registered secret value in a text with ``<redacted>`` (thread-safe).
-
-    Values shorter than 8 characters are ignored. Longer values are replaced first, so a secret that
-    contains another is removed whole.
-    """
-
-    def __init__(self, values: Iterable[str] = ()) -> None:
-        self._lock = threading.Lock()
-        self._values: tuple[str, ...] = ()
-        self.add(*values)
-
-    def add(self, *values: str) -> None:
-        with self._lock:
-            merged = set(self._values)
-            merged.update(v.strip() for v in values if v and len(v.strip()) >= _MIN_SECRET_LEN)
-            self._values = tuple(sorted(merged, key=len, reverse=True))
-
-    @property
-    def values(self) -> tuple[str, ...]:
-        return self._values
-
-    def __call__(self, text: str) -> str:
-        for value in self._values:
-            if value in text:
-                text = text.replace(value, REDACTED)
-        return text
-
-    def contains_secret(self, text: str) -> bool:
-        return any(v in text for v in self._values)

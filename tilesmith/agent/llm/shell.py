@@ -33,9 +33,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from tilesmith.agent.llm.redact import Redactor
 from tilesmith.agent.llm.sandbox import MAX_OUTPUT_BYTES, Sandbox, ShellResult
 from tilesmith.capture.source import with_fx_header
+from tilesmith.secrets import Redactor
 
 DEFAULT_TIMEOUT_S = 300
 MAX_TIMEOUT_S = 1200

@@ -21,7 +21,7 @@ event                  fields
 ``turn_end``           ``outcome``, ``model_calls``, ``tokens`` (sum of this turn's usage)
 =====================  ==============================================================================
 
-Every string goes through the run's :class:`~tilesmith.agent.llm.redact.Redactor` before it is written,
+Every string goes through the run's :class:`~tilesmith.secrets.Redactor` before it is written,
 so provider keys and the proxy's client key never reach the file; skill texts (:mod:`.skills`) are written as a
 placeholder naming the skill and its sha256. :class:`LiveTrace` is the console counterpart (tool calls only).
 """
@@ -38,7 +38,8 @@ from uuid import UUID
 
 from langchain_core.callbacks import BaseCallbackHandler
 
-from tilesmith.agent.llm.redact import Redactor
+from tilesmith.secrets import Redactor
+
 
 _MAX_TEXT = 200_000
 """Longest string kept per field (characters); longer ones are cut with a marker."""

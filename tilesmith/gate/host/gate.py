@@ -55,11 +55,12 @@ from tilesmith.gate.host.memory import MemoryPlan, plan_from
 from tilesmith.gate.host.phase import PhaseConfig, PhaseResult, Variants, run_phase, status_for
 from tilesmith.gate.host.problem import GateProblem
 from tilesmith.gate.host.caches import make_cache_template
-from tilesmith.gate.host.process import WorkerProcess, redact
+from tilesmith.gate.host.process import WorkerProcess
 from tilesmith.gate.host.reference import RefResult, TrustedReference
 from tilesmith.gate.host.static_scan import findings_to_failures, scan
 from tilesmith.gate.host.timing import SAMPLE_MAX_MS, SAMPLE_TARGET_MS
 from tilesmith.gate.inputs import accumulates, recipe
+from tilesmith.secrets import redact
 from tilesmith.records import Candidate, CheckFailure, Verdict
 
 _MAX_REASONS = 8

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import re
 import select
 import shutil
 import signal
@@ -33,6 +32,7 @@ from tilesmith import settings
 from tilesmith.errors import WorkerError
 from tilesmith.gate import protocol
 from tilesmith.gate.host.caches import PRIVATE_CACHE_DIRS, copy_cache_template, seed_private_cache
+from tilesmith.secrets import is_secret_name, redact, secret_values
 
 
 class WorkerCrashed(WorkerError):
@@ -56,9 +56,6 @@ class WorkerProtocolError(WorkerError):
     """The worker answered something that is not the protocol; it was killed."""
 
 
-#: Substrings that mark an environment variable as a secret (case-insensitive), beyond the provider keys.
-SECRET_NAME_PARTS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "COOKIE", "AUTH")
-
 
 #: Thread settings of a CPU (test mode) worker, set at start (OpenMP and MKL read them when they load): one
 #: OpenMP/MKL thread, ``OMP_THREAD_LIMIT`` also capping Inductor's ``#pragma omp parallel num_threads(N)`` (N is
@@ -79,8 +76,8 @@ CPU_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_
 def worker_environment(environ: dict[str, str] | None = None, device_type: str = "cuda") -> dict[str, str]:
     """The environment a worker starts with: the host's, minus every secret and every TILESMITH_* setting.
 
-    Removed: :data:`tilesmith.settings.PROVIDER_KEY_VARIABLES`, secret settings, any name containing one
-    of :data:`SECRET_NAME_PARTS`, any variable whose value contains a provider key's value, and all
+    Removed: every variable :func:`tilesmith.secrets.is_secret_name` marks (provider keys, credential-like
+    names), secret settings, any variable whose value contains a secret value, and all
     ``TILESMITH_*`` variables (the worker gets its configuration in protocol messages). Added: the
     directory that holds the ``tilesmith`` package at the front of ``PYTHONPATH``; ``TILESMITH_KERNEL_DIR``
     set to the resolved native kernel directory (the one ``TILESMITH_*`` variable a worker gets: candidates
@@ -91,14 +88,12 @@ def worker_environment(environ: dict[str, str] | None = None, device_type: str =
     :data:`CPU_THREAD_ENV`.
     """
     env = dict(os.environ if environ is None else environ)
-    secrets = [v for v in settings.secret_values(env) if len(v) >= 4]
+    secrets = secret_values(env)
     secret_settings = {s.name for s in settings.REGISTRY.values() if s.secret}
     clean: dict[str, str] = {}
     for name, value in env.items():
         upper = name.upper()
-        if name in settings.PROVIDER_KEY_VARIABLES or name in secret_settings or upper.startswith("TILESMITH_"):
-            continue
-        if any(part in upper for part in SECRET_NAME_PARTS):
+        if is_secret_name(name) or name in secret_settings or upper.startswith("TILESMITH_"):
             continue
         if any(s in value for s in secrets):
             continue
@@ -439,14 +434,6 @@ def describe_exit(code: int | None) -> str:
             name = f"signal {-code}"
         return f"killed by signal {name} ({-code})"
     return f"exited with status {code}"
-
-
-def redact(text: str) -> str:
-    """Replace every provider-key value (and anything that looks like a bearer key) with ``<redacted>``."""
-    for value in settings.secret_values():
-        if len(value) >= 4:
-            text = text.replace(value, "<redacted>")
-    return re.sub(r"\b(sk|pk|ak|key)-[A-Za-z0-9_\-]{16,}", "<redacted>", text)
 
 
 def untrusted_text(value: object, limit: int = 300, *, what: str = "candidate") -> str:

@@ -2,7 +2,7 @@
 
 Everything in a report is computed or observed by the host. From the worker come only raw samples,
 raw outputs (compared in the host, not stored) and worker-reported facts and error texts, which are
-labelled as such. Every string is passed through :func:`tilesmith.gate.host.process.redact` before it is
+labelled as such. Every string is passed through :func:`tilesmith.secrets.redact` before it is
 written, so a provider key that reached a message by any path is replaced by ``<redacted>``.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from tilesmith.gate.host.process import redact
+from tilesmith.secrets import redact
 from tilesmith.gate.host.stats import median
 from tilesmith.records import Timing, Verdict
 
