@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from tilesmith import settings
-from tilesmith.cache._atomic import fsync_dir, write_bytes_atomic, write_file_durable, write_json_atomic
+from tilesmith._atomic import fsync_dir, write_bytes_atomic, write_file_durable, write_json_atomic
 from tilesmith.cache.fs import check as check_fs
 from tilesmith.cache.artifact import (
     MANIFEST,

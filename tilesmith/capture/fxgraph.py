@@ -149,7 +149,8 @@ def save(module: FxModule, inductor_key: str | None, root: Any) -> None:
     if not inductor_key:
         return
     import json
-    import os
+
+    from tilesmith._atomic import write_bytes_atomic
 
     payload_path, meta_path = _paths(root, inductor_key)
     try:
@@ -158,9 +159,7 @@ def save(module: FxModule, inductor_key: str | None, root: Any) -> None:
             return
         for path, data in ((payload_path, module.payload),
                            (meta_path, json.dumps(module.kwargs_dict()).encode("utf-8"))):
-            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-            tmp.write_bytes(data)
-            os.replace(tmp, path)
+            write_bytes_atomic(path, data)
     except OSError as exc:
         log.debug("tilesmith: could not keep the FX graph for %s (%s)", inductor_key[:12], exc)
 

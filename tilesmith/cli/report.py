@@ -216,7 +216,7 @@ def write_report(run: RunData, output: Path) -> Path:
         ImportError: matplotlib is missing (the report extra: ``pip install '<checkout>[report]'``).
         OSError: ``output`` cannot be written.
     """
-    from tilesmith.cache._atomic import write_text_atomic
+    from tilesmith._atomic import write_text_atomic
 
     output = Path(output)
     text = render(run, base=output.resolve().parent)

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tilesmith._atomic import write_json_atomic
 from tilesmith.kernels.runtime import (FAMILIES, KernelUnavailable, import_library, kernel_dir, manifest_problem,
                                        module_name, python_abi, read_manifest)
 
@@ -357,9 +358,7 @@ def _compile(key: BuildKey, builder: Callable[..., Any] | None, folder: Path) ->
     if not (folder / library).exists():
         raise KernelBuildError(key.family, f"native kernel {key.family!r}: the build produced no {library}")
     sys.modules[name] = module
-    tmp = folder / "manifest.json.tmp"
-    tmp.write_text(json.dumps(key.manifest(library, seconds), indent=1), encoding="utf-8")
-    os.replace(tmp, folder / "manifest.json")
+    write_json_atomic(folder / "manifest.json", key.manifest(library, seconds), indent=1, sort_keys=False)
     return Build(key=key, module=module, built=True, seconds=seconds, directory=folder)
 
 

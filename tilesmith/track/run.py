@@ -13,8 +13,6 @@ later writes are skipped, and the caller gets a ``Diagnostic`` of kind ``disk_un
 
 from __future__ import annotations
 
-import json
-import os
 import secrets
 import threading
 import time
@@ -22,6 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from tilesmith._atomic import write_json_atomic as _write_json
 from tilesmith.capture.source import with_fx_header
 from tilesmith.records import CapturedGraph, Diagnostic, Verdict
 from tilesmith.track.ring import AttemptRing
@@ -39,11 +38,9 @@ def utc_now() -> str:
 
 
 def write_json_atomic(path: Path, document: dict[str, Any]) -> None:
-    """Write ``document`` as indented JSON through a temp file in the same folder and ``os.replace``."""
+    """Write ``document`` as indented JSON, in key order, atomically (:mod:`tilesmith._atomic`), making the folder."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(json.dumps(document, indent=1, sort_keys=False, default=str), encoding="utf-8")
-    os.replace(tmp, path)
+    _write_json(path, document, indent=1, sort_keys=False, default=str)
 
 
 class RunFolder:

@@ -28,7 +28,6 @@ afresh for each phase because bodies may write into inputs they consume.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 import traceback
@@ -59,9 +58,9 @@ def main(argv: list[str]) -> int:
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """Replace ``path`` with ``data`` atomically (the parent may read it after killing this process)."""
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data), encoding="utf-8")
-    os.replace(tmp, path)
+    from tilesmith._atomic import write_json_atomic
+
+    write_json_atomic(path, data, indent=None, sort_keys=False)
 
 
 def run(request: dict[str, Any], result: dict[str, Any], emit: Any, started: float) -> None:

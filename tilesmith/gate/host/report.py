@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 import platform
 import re
 import subprocess
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from tilesmith._atomic import write_json_atomic, write_text_atomic
 from tilesmith.secrets import redact
 from tilesmith.gate.host.stats import median
 from tilesmith.records import Timing, Verdict
@@ -104,20 +103,13 @@ def _scrub(value: Any) -> Any:
 
 
 def write(profiles_dir: Path, eval_id: str, report: dict[str, Any]) -> Path:
-    """Write both files atomically (temp file + ``os.replace``); returns the JSON path."""
+    """Write both files atomically (:mod:`tilesmith._atomic`); returns the JSON path."""
     profiles_dir.mkdir(parents=True, exist_ok=True)
     clean = _scrub(report)
     json_path = profiles_dir / f"{eval_id}.json"
-    _atomic(json_path, json.dumps(clean, indent=1, sort_keys=False, default=str))
-    _atomic(profiles_dir / f"{eval_id}.txt", redact(render_text(clean)))
+    write_json_atomic(json_path, clean, indent=1, sort_keys=False, default=str)
+    write_text_atomic(profiles_dir / f"{eval_id}.txt", redact(render_text(clean)))
     return json_path
-
-
-def _atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
 
 
 def _timing_lines(name: str, t: dict[str, Any] | None) -> list[str]:

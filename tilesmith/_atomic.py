@@ -1,4 +1,5 @@
-"""Crash-safe file writes: a temporary file in the target's own folder, then ``os.replace``.
+"""Crash-safe file writes, the one helper every stage uses: a temporary file in the target's own folder, then
+``os.replace``.
 
 ``os.replace`` is atomic on POSIX when source and target are on one file system, which is why the
 temporary file is created next to the target and never in ``/tmp``. A reader therefore sees either the
@@ -47,9 +48,11 @@ def write_text_atomic(path: Path, text: str) -> None:
     write_bytes_atomic(path, text.encode("utf-8"))
 
 
-def write_json_atomic(path: Path, value: Any) -> None:
-    """Write ``value`` as indented, key-sorted JSON (plus a final newline) atomically."""
-    write_text_atomic(path, json.dumps(value, indent=2, sort_keys=True) + "\n")
+def write_json_atomic(path: Path, value: Any, *, indent: int | None = 2, sort_keys: bool = True,
+                      default: Any = None) -> None:
+    """Write ``value`` as JSON (indented and key-sorted unless told otherwise, plus a final newline) atomically;
+    ``default`` is :func:`json.dumps`'s (``str`` turns paths and enums into text)."""
+    write_text_atomic(path, json.dumps(value, indent=indent, sort_keys=sort_keys, default=default) + "\n")
 
 
 def write_file_durable(path: Path, data: bytes) -> None:
