@@ -162,3 +162,26 @@ def test_getter_less_and_backend_state_is_rejected(ln, monkeypatch, make, key):
 def test_import_system_change_is_rejected(ln, monkeypatch, make, key):
     verdict = _rejected(ln, monkeypatch, make, "global_state", key)
     assert key in " ".join(verdict.reasons)
+
+
+@pytest.mark.parametrize("make, where", [
+    (rs.hoard_tensor_at_import, "after its import"),
+    (rs.hoard_bytes_at_import, "after its import"),
+    (rs.leak_every_call, "after its correctness calls"),
+], ids=["tensor-at-import", "bytes-at-import", "leak-per-call"])
+def test_memory_growth_beyond_the_originals_bound_is_rejected(ln, monkeypatch, make, where):
+    verdict = _rejected(ln, monkeypatch, make, "memory_growth", make.__name__)
+    assert where in " ".join(verdict.reasons)
+
+
+def test_growth_bound_scales_with_the_originals_bytes():
+    from tilesmith.gate.host.memory import GROWTH_SLACK_BYTES, MemoryPlan, growth_bound, growth_failure
+
+    small = MemoryPlan("cpu", free=0, total=0, input_bytes=1 << 20, output_bytes=1 << 20, call_peak_bytes=0)
+    large = MemoryPlan("cuda:0", free=0, total=0, input_bytes=1 << 30, output_bytes=1 << 30, call_peak_bytes=1 << 30)
+    assert growth_bound(small) == GROWTH_SLACK_BYTES + 2 * (2 << 20)
+    assert growth_bound(large) > 6 << 30
+    assert growth_failure({"allocated": 0}, {"allocated": 1 << 30}, small, "after its import").check == "memory_growth"
+    assert growth_failure({"allocated": 0}, {"allocated": 1 << 30}, large, "after its import") is None
+    assert growth_failure({"allocated": 0}, {"allocated": 1 << 30}, small, "x", retained=1 << 30) is None
+    assert growth_failure(None, {"allocated": 1 << 40}, small, "x") is None  # unknown: no verdict

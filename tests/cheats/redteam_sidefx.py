@@ -79,3 +79,18 @@ def meta_path_in_call(src: str) -> str:
 def path_hooks_at_import(src: str) -> str:
     return module_code(src, "def _hook(entry):\n    raise ImportError(entry)\n\n"
                             "getattr(os, 's' + 'ys').path_hooks.insert(0, _hook)")
+
+
+# -- d. memory growth ----------------------------------------------------------------------------------------
+def hoard_tensor_at_import(src: str, mib: int = 512) -> str:
+    """A large buffer allocated (and touched) at import, kept for the module's life."""
+    return module_code(src, f"_HOARD = getattr(torch, 'on' + 'es')({mib} << 18)")
+
+
+def hoard_bytes_at_import(src: str, mib: int = 512) -> str:
+    return module_code(src, f"_HOARD = [bytearray(b'\\x01') * ({mib} << 20)]")
+
+
+def leak_every_call(src: str, mib: int = 16) -> str:
+    """Every call keeps a fresh buffer (and its inputs) alive: the resident set grows with the call count."""
+    return after_clear(src, [f"globals().setdefault('_kept', []).append((torch.ones({mib} << 18), list(args)))"])

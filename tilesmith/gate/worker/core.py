@@ -342,6 +342,7 @@ class Worker:
             self.held.clear()
             self.live.clear()
             self.variants.clear()
+        # After the held outputs and inputs are released: the host bounds the growth since the import with it.
         return {"ok": True, "steps": results, "memory": worker_runtime.memory_facts(self.device)}
 
     def _run_step(self, step: dict[str, Any]) -> dict[str, Any]:
