@@ -309,3 +309,32 @@ def diff_identities(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
         elif now is not value:
             changed.append(key)
     return sorted(changed)
+
+
+def wrapper_namespaces(source: str) -> list[str]:
+    """Dotted names of the namespaces a wrapper's source uses, for the worker's attribute snapshot
+    (:mod:`tilesmith.gate.worker.sidefx`): every imported module (``import triton.language``), every name imported
+    from one (``from torch._inductor.select_algorithm import extern_kernels`` gives
+    ``torch._inductor.select_algorithm`` and ``torch._inductor.select_algorithm.extern_kernels``; the worker
+    watches a name only when it resolves to a module or a namespace object), and every ``torch.ops.<ns>`` it
+    reaches. Source that does not parse gives ``[]`` (the worker then watches its fixed list only)."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return []
+    names: dict[str, None] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                names[alias.name] = None
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names[node.module] = None
+            for alias in node.names:
+                if alias.name != "*":
+                    names[f"{node.module}.{alias.name}"] = None
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) \
+                and node.value.attr == "ops" and isinstance(node.value.value, ast.Name) and node.value.value.id == "torch":
+            names[f"torch.ops.{node.attr}"] = None
+    return list(names)

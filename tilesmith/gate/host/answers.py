@@ -73,19 +73,28 @@ def global_failures(facts: dict[str, Any], where: str) -> list[CheckFailure]:
                                   f"A wrapper must not start threads."))
     changes = dict(facts.get("state_changes", {}))
     stream = {k: v for k, v in changes.items() if k.startswith(("cuda.current_stream", "cuda.current_device"))}
-    other = {k: v for k, v in changes.items() if k not in stream}
+    imports = {k: v for k, v in changes.items() if k.startswith(("sys.path", "sys.meta_path"))}
+    other = {k: v for k, v in changes.items() if k not in stream and k not in imports}
     if stream:
         fails.append(CheckFailure("stream_state", f"{where} changed the current CUDA stream/device "
                                                   f"({_fmt_changes(stream)}); restore it (use "
                                                   f"`with torch.cuda.stream(s)`)."))
     if other:
         fails.append(CheckFailure("global_state", f"{where} changed process-global settings: {_fmt_changes(other)}. "
-                                                  f"Leave the user's numeric and runtime flags unchanged."))
+                                                  f"Leave the user's numeric and runtime flags unchanged (also "
+                                                  f"those without a getter, such as flush-denormal mode, seen by "
+                                                  f"their behaviour)."))
+    if imports:
+        fails.append(CheckFailure("global_state", f"{where} changed the import system: {_fmt_changes(imports)}. "
+                                                  f"A wrapper is one file: leave sys.path, sys.meta_path and "
+                                                  f"sys.path_hooks unchanged (code imported from elsewhere is not "
+                                                  f"what the gate checked)."))
     if facts.get("identity_changes"):
         names = facts["identity_changes"]
-        fails.append(CheckFailure("monkeypatch", f"{where} replaced {len(names)} function(s) or class attribute(s): "
-                                                 f"{', '.join(names[:6])}. Do not patch torch, triton, time or the "
-                                                 f"harness."))
+        fails.append(CheckFailure("monkeypatch", f"{where} replaced {len(names)} function(s) or attribute(s): "
+                                                 f"{', '.join(names[:6])}. Do not patch torch, triton, time, the "
+                                                 f"harness or any module or namespace the original wrapper uses "
+                                                 f"(extern_kernels, torch.ops, torch.backends)."))
     return fails
 
 

@@ -134,6 +134,7 @@ class Gate:
         self.base_inputs = problem.load_inputs()
         self.constants_path = problem.constants_path if problem.constants_path.is_file() else None
         self.flags = torchstate.numeric_flags()
+        self.watch = torchstate.wrapper_namespaces(problem.original_source)
         self.dir = tempfile.mkdtemp(prefix="tilesmith-gate-")
         os.chmod(self.dir, 0o700)
         self.files = Path(self.dir) / "files"
@@ -224,7 +225,7 @@ class Gate:
         worker.role = role
         self._workers.append(worker)
         worker.init_rid = worker.send(
-            "init", role=role, device=str(self.device), flags=self.flags,
+            "init", role=role, device=str(self.device), flags=self.flags, watch=self.watch,
             constants=str(self.constants_path) if self.constants_path else None,
             inputs_to_check=list(self.problem.graph.inputs_to_check),
             mutated_input_idxs=list(self.problem.graph.mutated_input_idxs),

@@ -13,8 +13,10 @@ attributed to an honest candidate.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from tilesmith.gate.host.checks import HELD_BYTES_BUDGET, MIN_HELD_CALLS
+from tilesmith.records import CheckFailure
 
 GIB = float(1 << 30)
 #: A CUDA context and the worker's torch import on the device (H200, torch 2.11: ≈ 0.5 GiB per process).
@@ -94,6 +96,42 @@ def oom_message(error: dict[str, object], memory: dict[str, object] | None) -> s
             f"{held / GIB:.2f} GiB (gate inputs, held outputs and the call's own buffers)")
 
 
+#: Memory a candidate's import, or its correctness calls taken together, may add to its worker beyond
+#: :data:`GROWTH_FACTOR` × the original's bytes (inputs, outputs, peak per call): the Python modules and compiled
+#: kernels an honest wrapper loads (a few MiB to tens of MiB for the CPU wrappers of the test suite) with margin.
+GROWTH_SLACK_BYTES = 256 << 20
+GROWTH_FACTOR = 2
+
+
+def growth_bound(plan: MemoryPlan) -> int:
+    """Bytes of growth allowed at import and over the correctness calls (:data:`GROWTH_SLACK_BYTES` +
+    :data:`GROWTH_FACTOR` × (input + output + per-call peak bytes of the original))."""
+    return int(GROWTH_SLACK_BYTES + GROWTH_FACTOR * (plan.input_bytes + plan.output_bytes + plan.call_peak_bytes))
+
+
+def growth_failure(before: Any, after: Any, plan: MemoryPlan, where: str, retained: int = 0) -> CheckFailure | None:
+    """``memory_growth`` when the worker's memory (``allocated`` of
+    :func:`tilesmith.gate.worker.runtime.memory_facts`: CUDA's caching allocator; resident set size on the CPU)
+    grew by more than :func:`growth_bound` between two answers' facts; ``None`` otherwise or when either is
+    unknown. ``retained``: bytes the gate's own buffers may still hold in that figure (freed but not returned to
+    the operating system: CPU). Issue 15 (leaks and blow-ups: a 4 GiB buffer allocated at import, every output
+    kept alive)."""
+    try:
+        grown = int(after["allocated"]) - int(before["allocated"])
+    except (TypeError, KeyError, ValueError):
+        return None
+    bound = growth_bound(plan) + max(0, int(retained))
+    if grown <= bound:
+        return None
+    return CheckFailure("memory_growth", f"{where} the candidate's worker holds {grown / GIB:.2f} GiB more memory "
+                                         f"({'resident set' if plan.device.startswith('cpu') else 'allocated on the device'}) "
+                                         f"than before; the bound is {bound / GIB:.2f} GiB ({GROWTH_SLACK_BYTES >> 20} MiB "
+                                         f"+ {GROWTH_FACTOR} × the original's inputs, outputs and per-call peak"
+                                         f"{', + what the gate itself held' if retained else ''}). A "
+                                         f"wrapper must not allocate large buffers at import nor keep its inputs or "
+                                         f"outputs alive across calls.")
+
+
 _UNITS = {"bytes": 1, "b": 1, "kb": 1e3, "kib": 1 << 10, "mb": 1e6, "mib": 1 << 20, "gb": 1e9, "gib": 1 << 30,
           "tb": 1e12, "tib": 1 << 40}
 
@@ -119,4 +157,4 @@ def oom_check(message: str, plan: MemoryPlan) -> str:
     return "gate_memory"
 
 
-__all__ = ["MemoryPlan", "oom_check", "oom_message", "plan_from", "requested_bytes"]
+__all__ = ["MemoryPlan", "growth_bound", "growth_failure", "oom_check", "oom_message", "plan_from", "requested_bytes"]

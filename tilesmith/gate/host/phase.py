@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from tilesmith.gate.host import answers, checks, timing
-from tilesmith.gate.host.memory import MemoryPlan, oom_check, oom_message
+from tilesmith.gate.host.memory import (INPUT_COPIES, OUTPUT_COPIES, MemoryPlan, growth_failure, oom_check,
+                                        oom_message)
 from tilesmith.gate.host.process import WorkerCrashed, WorkerProcess, WorkerProtocolError, WorkerTimedOut
 from tilesmith.gate.host.reference import ReferenceRejected, RefResult, TrustedReference
 from tilesmith.gate.inputs import recipe
@@ -254,6 +255,10 @@ def _run(result: PhaseResult, worker: WorkerProcess, candidate_source: str, refe
         return
     result.failures += answers.global_failures(answer.get("facts", {}), "importing the cand module")
     result.failures += _os_failures(worker, cfg, "its import", rec)
+    before_import = (worker.init_answer or {}).get("memory")
+    after_import = answer.get("memory")
+    grown = growth_failure(before_import, after_import, cfg.memory, "after its import")
+    result.failures += [grown] if grown is not None else []
     if not result.failures and on_loaded is not None:
         on_loaded()
     t1 = time.monotonic()
@@ -276,6 +281,14 @@ def _run(result: PhaseResult, worker: WorkerProcess, candidate_source: str, refe
     result.failures += answers.failures_from_answer(answer, "the correctness checks")
     result.failures += checks.interpret(plan, answer, ctx, cfg.expected_bytes)
     result.failures += _os_failures(worker, cfg, "its calls (correctness checks)", rec)
+    # CPU: the worker's malloc keeps freed chunks below its mmap threshold (process.CPU_THREAD_ENV), so the resident
+    # set still holds what the checks themselves held: the held calls' outputs and snapshots, the poisoned blocks,
+    # the input copies (host/memory.py's counts). CUDA's allocated bytes drop when tensors are freed.
+    retained = 0 if cfg.memory.device.startswith("cuda") else int(
+        (2 * len(plan.save_held) + OUTPUT_COPIES + 4) * cfg.expected_bytes + INPUT_COPIES * cfg.memory.input_bytes)
+    grown = growth_failure(after_import, answer.get("memory"), cfg.memory, "after its correctness calls (the held "
+                                                                          "outputs released)", retained=retained)
+    result.failures += [grown] if grown is not None else []
     rec["checks_s"] = round(time.monotonic() - t1, 3)
     rec["held_calls"] = len(plan.save_held) - 1
     rec["steps"] = [{k: s.get(k) for k in ("label", "module", "wall_ms", "error", "inputs_changed",
@@ -365,7 +378,7 @@ STATUS_ORDER = (
     ("gate_memory", lambda c: c == "gate_memory"),  # the memory the gate left was not enough
     ("rejected_crash", lambda c: c in {"crash", "protocol", "exception", "oom", "output_too_large"}),
     ("rejected_global_state", lambda c: c in {"background_thread", "global_state", "monkeypatch", "rng_state",
-                                              "stream_state", "os_threads"}),
+                                              "stream_state", "os_threads", "memory_growth"}),
     ("rejected_incorrect", lambda c: True),
 )
 

@@ -29,6 +29,7 @@ import torch
 from tilesmith.gate import inputs, layout, protocol, torchstate
 from tilesmith.gate.worker import audit, bindings
 from tilesmith.gate.worker import runtime as worker_runtime
+from tilesmith.gate.worker import sidefx
 from tilesmith.gate.worker import timing as worker_timing
 from tilesmith.gate.worker.bindings import T, against_expected, compact_cpu
 from tilesmith.gate.worker.runtime import GuardedAllocator, InputSet
@@ -76,6 +77,8 @@ class Worker:
         self.validate = True
         self.held_budget = 0
         self.base_light: dict[str, Any] = {}
+        self.sidefx = sidefx.SideEffects()
+        self.watch: list[str] = []
 
     # -- transport ---------------------------------------------------------------------------------
     def send(self, message: dict[str, Any]) -> None:
@@ -133,6 +136,7 @@ class Worker:
         self.inputs_to_check = list(msg.get("inputs_to_check", []))
         self.mutated = list(msg.get("mutated_input_idxs", []))
         self.expected = list(msg.get("expected", []))
+        self.watch = [str(n) for n in msg.get("watch", []) if isinstance(n, str)]
         if msg.get("constants"):
             loaded = T.load(msg["constants"], weights_only=True, map_location="cpu")
             self.constants = {k: layout.clone_layout(v, self.device) for k, v in loaded.items()}
@@ -143,7 +147,7 @@ class Worker:
         self.base = [layout.clone_layout(v, self.device) for v in base]
         del base
         answer: dict[str, Any] = {"ok": True, "flag_failures": flag_failures}
-        _preimport_inductor(self.device)
+        _preimport_inductor(self.device, self.watch)
         answer["compiler_warmup"] = _warm_compilers(self.device)
         if self.role == "trusted":
             answer.update(self._load_original(msg["original_path"]))
@@ -198,6 +202,7 @@ class Worker:
         self.base_threads = {t.ident for t in T.threads() if t.ident is not None}
         self.base_signals = _signal_handlers()
         self.base_modules = {n: m for n, m in list(sys.modules.items()) if n.startswith("tilesmith")}
+        self.sidefx.baseline(self.watch)
 
     def _watched_namespaces(self) -> list[tuple[str, dict[str, Any]]]:
         spaces = [("worker.__main__", vars(sys.modules["__main__"])), ("worker_core", globals()),
@@ -275,6 +280,7 @@ class Worker:
     def _global_facts(self) -> dict[str, Any]:
         now_threads = [t for t in T.threads() if t.ident not in self.base_threads and t.is_alive()]
         changes = torchstate.diff_state(self.base_state, torchstate.state_snapshot(str(self.device)))
+        changes.update(self.sidefx.state_changes())
         if self.base_signals:
             # A signal handler receives the interrupted frame: frame access without any audit event.
             now = _signal_handlers()
@@ -282,6 +288,7 @@ class Worker:
         identity = torchstate.diff_identities(self.base_ids, torchstate.identity_snapshot(self._watched_namespaces()))
         # A module replaced in sys.modules would be picked up by any later `from tilesmith... import`.
         identity += [f"sys.modules[{n!r}]" for n, m in self.base_modules.items() if sys.modules.get(n) is not m]
+        identity += [n for n in self.sidefx.identity_changes() if n not in identity]
         return {
             "audit": self.auditor.drain() if self.auditor is not None else [],
             "state_changes": changes,
@@ -335,6 +342,7 @@ class Worker:
             self.held.clear()
             self.live.clear()
             self.variants.clear()
+        # After the held outputs and inputs are released: the host bounds the growth since the import with it.
         return {"ok": True, "steps": results, "memory": worker_runtime.memory_facts(self.device)}
 
     def _run_step(self, step: dict[str, Any]) -> dict[str, Any]:
@@ -465,15 +473,19 @@ def _cuda_broken(device: torch.device) -> bool:
         return True
 
 
-def _preimport_inductor(device: torch.device) -> None:
+def _preimport_inductor(device: torch.device, watch: list[str] = ()) -> None:  # type: ignore[assignment]
     """Import what loading a wrapper needs (Inductor's code cache and compile machinery, Triton's launcher on
     CUDA, the C++ builder on the CPU) while the worker starts, not on the candidate's critical path (a
-    candidate worker loads no original, which used to import them), and before the baselines watch them."""
+    candidate worker loads no original, which used to import them), and before the baselines watch them;
+    likewise the modules the original wrapper imports (``watch``, from the host), so that the side-effect
+    baseline (:mod:`.sidefx`) sees their attributes before any candidate code runs."""
     import importlib
 
     names = ["torch._inductor.codecache", "torch._inductor.async_compile", "torch._inductor.utils"]
     names += ["torch._inductor.runtime.triton_heuristics", "triton"] if device.type == "cuda" else \
         ["torch._inductor.cpp_builder"]
+    names += [n for n in watch if n.split(".", 1)[0] in ("torch", "triton")
+              and (device.type == "cuda" or not n.startswith("triton"))]
     for name in names:
         try:
             importlib.import_module(name)

@@ -1,0 +1,298 @@
+"""Side effects by structure (issue 15, item 3): what a candidate's import and calls left behind in the worker.
+
+Runs only inside ``python -m tilesmith.gate.worker``. :class:`SideEffects` takes its baseline after the
+worker's own set-up and before any candidate code is imported (with the other baselines of
+:meth:`tilesmith.gate.worker.core.Worker._take_baselines`) and reports, after every candidate import and call,
+facts only (the host turns them into failures in :mod:`tilesmith.gate.host.answers`):
+
+- **Attribute identities** (``identity_changes``, check ``monkeypatch``): *every* attribute, not only the
+  callables, of the namespaces the original wrapper uses (its imports, the objects it imports from them such as
+  ``extern_kernels``, the ``torch.ops`` namespaces it calls: :func:`tilesmith.gate.torchstate.wrapper_namespaces`,
+  computed by the host from the original's source) plus :data:`FIXED` (every ``torch.backends.*`` module,
+  Inductor's runtime modules, ``sys``). An attribute counts as changed when the object bound to it is not the
+  same object as at the baseline. Not counted (:func:`_same`): an equal immutable scalar rebound (``x = 5``
+  again), ``None`` replaced by a non-callable value (lazy initialisation: ``tempfile.tempdir``), attributes
+  added after the baseline (lazy imports, ``torch.ops`` overload packets resolved on first use).
+- **Values** (``state_changes``, check ``global_state``): the readable value of every public scalar attribute of
+  the ``torch.backends.*`` modules and their sub-objects (``torch.backends.mkldnn.enabled``,
+  ``torch.backends.cuda.matmul.allow_tf32``: properties, invisible to an identity snapshot), Inductor's and
+  Dynamo's configuration (``get_config_copy()``), a few interpreter settings with getters
+  (:data:`_GETTERS`), and ``sys.path``, ``sys.meta_path``, ``sys.path_hooks`` element by element.
+- **Behavioural probes** (``state_changes``) of state without a getter: flush-to-zero / denormals-are-zero
+  (``torch.set_flush_denormal``; :func:`probe_denormals` multiplies a float32 denormal by 1.0 in torch and a
+  float64 denormal in Python on the calling thread: the mode is per thread, and the wrapper runs on this one).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import warnings
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+#: Namespaces watched in every worker, whatever the original imports (looked up in ``sys.modules`` first, then
+#: as attributes of their parent; absent ones are not watched). ``torch.backends.*`` is added by prefix.
+FIXED = ("sys", "torch", "torch.ops", "torch._inductor.select_algorithm", "torch._inductor.select_algorithm.extern_kernels",
+         "torch._inductor.async_compile", "torch._inductor.codecache", "torch._inductor.cpp_builder",
+         "torch._inductor.cpu_vec_isa", "torch._inductor.utils", "torch._inductor.runtime.triton_heuristics",
+         "torch._inductor.runtime.benchmarking", "torch._inductor.runtime.triton_helpers",
+         "torch._inductor.runtime.compile_tasks", "torch._inductor.runtime.autotune_cache",
+         "torch._inductor.runtime.static_cuda_launcher", "torch.ops.aten", "torch.ops.inductor", "torch.ops.prims",
+         "torch._C._dynamo.guards")
+
+#: ``(namespace, attribute)`` pairs that the libraries rebind under honest code: never counted. Sources (torch 2.11):
+#: ``async_compile._compile_start``/``_compile_end`` rebind their compile-time counters around every kernel
+#: compilation (``global _t0, _cumulative_compile_time, _triton_kernel_metrics``); ``sys.last_*`` are set by
+#: an uncaught exception's report.
+IGNORED = frozenset({
+    ("sys", "last_exc"), ("sys", "last_type"), ("sys", "last_value"), ("sys", "last_traceback"),
+    ("torch._inductor.async_compile", "_t0"), ("torch._inductor.async_compile", "_cumulative_compile_time"),
+    ("torch._inductor.async_compile", "_triton_kernel_metrics"),
+})
+
+_SCALARS = (bool, int, float, complex, str, bytes, type(None))
+
+#: Interpreter and torch settings read through their getters (``name: getter``).
+_GETTERS: dict[str, Any] = {
+    "sys.getswitchinterval()": sys.getswitchinterval,
+    "sys.getrecursionlimit()": sys.getrecursionlimit,
+    "sys.getdlopenflags()": getattr(sys, "getdlopenflags", lambda: None),
+    "threading.stack_size()": threading.stack_size,
+    "os.getcwd()": os.getcwd,
+    "torch.is_anomaly_enabled()": torch.is_anomaly_enabled,
+    "torch.get_num_interop_threads()": torch.get_num_interop_threads,
+    "torch.is_warn_always_enabled()": torch.is_warn_always_enabled,
+    "torch.get_default_device()": lambda: str(torch.get_default_device()),
+    "torch.is_autocast_enabled(cpu)": lambda: torch.is_autocast_enabled("cpu"),
+    "torch.is_autocast_enabled(cuda)": lambda: torch.is_autocast_enabled("cuda"),
+}
+
+_DENORMAL32, _DENORMAL64, _ONE = 1e-39, 1e-310, 1.0
+
+_CONFIGS = ("torch._inductor.config", "torch._dynamo.config", "torch._functorch.config")
+
+
+def _resolve(name: str) -> Any:
+    """The object ``name`` names: a module in ``sys.modules``, else an attribute of its parent (``extern_kernels``,
+    ``torch.ops.aten``); ``None`` when neither exists. Nothing is imported."""
+    module = sys.modules.get(name)
+    if module is not None:
+        return module
+    parent, _, leaf = name.rpartition(".")
+    if not parent:
+        return None
+    owner = _resolve(parent)
+    if owner is None:
+        return None
+    if type(owner).__name__ == "_Ops" and leaf not in vars(owner):
+        return None  # torch.ops makes a namespace for any name: watch only those already made
+    try:
+        return getattr(owner, leaf, None)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _namespace(obj: Any) -> dict[str, Any] | None:
+    """The attribute dict of a module or a namespace object (``KernelNamespace``, ``_OpNamespace``); ``None``
+    for functions, classes (watched elsewhere) and objects without a ``__dict__``."""
+    if obj is None or isinstance(obj, type) or callable(obj) and not isinstance(obj, type(sys)):
+        return None
+    try:
+        return vars(obj)
+    except TypeError:
+        return None
+
+
+def _same(before: Any, now: Any) -> bool:
+    if now is before:
+        return True
+    if type(before) in _SCALARS and type(now) is type(before) and now == before:
+        return True
+    return before is None and not callable(now)
+
+
+def _value(obj: Any, attr: str) -> Any:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            value = getattr(obj, attr)
+    except Exception as exc:  # noqa: BLE001 - a legacy getter refuses once the new API was used
+        return f"<unreadable: {type(exc).__name__}>"
+    return value
+
+
+def backend_values() -> dict[str, Any]:
+    """``{"torch.backends.mkldnn.enabled": True, "torch.backends.cuda.matmul.allow_tf32": False, ...}``: every
+    public scalar attribute of every imported ``torch.backends.*`` module and of its public sub-objects (one
+    level: ``cuda.matmul``, ``cudnn.conv``), read through ``getattr`` so properties count."""
+    values: dict[str, Any] = {}
+    for name in sorted(n for n in list(sys.modules) if n.startswith("torch.backends.")):
+        module = sys.modules.get(name)
+        if module is None:
+            continue
+        for attr in sorted(set(dir(module)) | set(dir(type(module)))):  # PropModule: properties on its class
+            if attr.startswith("_"):
+                continue
+            value = _value(module, attr)
+            if isinstance(value, _SCALARS):
+                values[f"{name}.{attr}"] = value
+            elif not callable(value) and not isinstance(value, type(sys)) and \
+                    type(value).__module__.startswith("torch.backends"):
+                for sub in sorted(set(dir(value)) | set(dir(type(value)))):
+                    if not sub.startswith("_"):
+                        inner = _value(value, sub)
+                        if isinstance(inner, _SCALARS):
+                            values[f"{name}.{attr}.{sub}"] = inner
+    return values
+
+
+def probe_denormals() -> dict[str, str]:
+    """Flush-to-zero / denormals-are-zero on this thread, by behaviour (``torch.set_flush_denormal`` has no
+    getter): a float32 denormal (1e-39) times 1.0 in torch on the CPU, and a float64 denormal (1e-310) times 1.0
+    in Python. Each is ``"kept"`` normally and ``"flushed"`` when the mode is on."""
+    tensor = torch.tensor([_DENORMAL32], dtype=torch.float32) * _ONE
+    product = _DENORMAL64 * _ONE  # module variables: a constant expression would be folded at compile time
+    return {"probe.denormal_float32_torch": "kept" if float(tensor[0]) != 0.0 else "flushed",
+            "probe.denormal_float64_python": "kept" if product != 0.0 else "flushed"}
+
+
+def getter_values() -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, getter in _GETTERS.items():
+        try:
+            out[name] = getter()
+        except Exception as exc:  # noqa: BLE001
+            out[name] = f"<unreadable: {type(exc).__name__}>"
+    for name in _CONFIGS:
+        module = sys.modules.get(name)
+        entries = getattr(module, "_config", None)
+        if isinstance(entries, dict):  # torch.utils._config_module.ConfigModule: setattr sets user_override
+            for key, entry in list(entries.items()):
+                out[f"{name}.{key}"] = _Override(getattr(entry, "user_override", None))
+            continue
+        copy = getattr(module, "get_config_copy", None)
+        if copy is None:
+            continue
+        try:
+            config = copy()
+        except Exception:  # noqa: BLE001
+            continue
+        for key, value in config.items():
+            out[f"{name}.{key}"] = value if isinstance(value, _SCALARS) else repr(value)[:200]
+    return out
+
+
+class _Override:
+    """A configuration entry's override, compared by identity (or equal scalars): no deep copies per snapshot."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Override) and _same(self.value, other.value) and _same(other.value, self.value)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        unset = getattr(sys.modules.get("torch.utils._config_module"), "_UNSET_SENTINEL", None)
+        return "<default>" if unset is not None and self.value is unset else repr(self.value)[:200]
+
+
+def _show(value: Any) -> Any:
+    """A value as it travels to the host (JSON: scalars as they are, anything else as a short ``repr``)."""
+    return value if isinstance(value, (bool, int, float, str, type(None))) else repr(value)[:200]
+
+
+class SideEffects:
+    """Baseline and diff of the structural facts above (one per worker)."""
+
+    def __init__(self) -> None:
+        self.names: tuple[str, ...] = ()
+        self.base_attrs: dict[str, tuple[dict[str, Any], Any]] = {}
+        self.base_values: dict[str, Any] = {}
+        self.base_lists: dict[str, tuple[Any, list[Any]]] = {}
+
+    def baseline(self, wrapper_names: Iterable[str]) -> None:
+        """Record everything (call before any candidate import; ``wrapper_names`` from the host)."""
+        backends = [n for n in list(sys.modules) if n.startswith("torch.backends")]
+        self.names = tuple(dict.fromkeys([*FIXED, *backends, *wrapper_names]))
+        self.base_attrs = {}
+        for name in self.names:
+            obj = _resolve(name)
+            space = _namespace(obj)
+            if space is not None:
+                self.base_attrs[name] = (dict(space), obj)
+        self.base_values = self.values()
+        self.base_lists = {name: (getattr(sys, name), list(getattr(sys, name)))
+                           for name in ("path", "meta_path", "path_hooks")}
+
+    @staticmethod
+    def values() -> dict[str, Any]:
+        return {**backend_values(), **getter_values(), **probe_denormals()}
+
+    def identity_changes(self) -> list[str]:
+        """``"extern_kernels.mm"``-style names of attributes whose object changed or that disappeared, and of
+        watched namespaces that are no longer the same object."""
+        changed = []
+        for name, (before, obj) in self.base_attrs.items():
+            if _resolve(name) is not obj:
+                changed.append(f"{name} (the namespace itself)")
+                continue
+            now = _namespace(obj) or {}
+            if type(obj).__name__ == "_OpNamespace":  # packets resolved after the baseline must be genuine
+                changed += [f"{name}.{attr} (added: not the operator of that name)" for attr in list(now)
+                            if attr not in before and not _genuine_packet(obj, attr, now[attr])]
+            for attr, value in before.items():
+                if (name, attr) in IGNORED:
+                    continue
+                if attr not in now:
+                    changed.append(f"{name}.{attr} (removed)")
+                elif not _same(value, now[attr]):
+                    changed.append(f"{name}.{attr}")
+        return sorted(changed)
+
+    def state_changes(self) -> dict[str, list[Any]]:
+        """``{key: [before, after]}`` of the values, probes and import-system lists that changed."""
+        now = self.values()
+        changes = {k: [_show(self.base_values[k]), _show(now.get(k))] for k in sorted(self.base_values)
+                   if not self.base_values[k] == now.get(k)}
+        for name, (obj, items) in self.base_lists.items():
+            current = getattr(sys, name)
+            label = f"sys.{name}"
+            if current is not obj:
+                changes[f"{label} (the list itself)"] = ["the original list", "another object"]
+            added = [_describe(x) for x in current if not any(_same_entry(x, y) for y in items)]
+            removed = [_describe(x) for x in items if not any(_same_entry(x, y) for y in current)]
+            if added or removed:
+                changes[label] = [f"removed {removed}" if removed else "nothing removed",
+                                  f"added {added}" if added else "nothing added"]
+            elif len(current) != len(items) or not all(map(_same_entry, current, items)):
+                changes[f"{label} (order)"] = [[_describe(x) for x in items], [_describe(x) for x in current]]
+        return changes
+
+
+def _genuine_packet(namespace: Any, attr: str, value: Any) -> bool:
+    """An attribute ``torch.ops.<ns>`` resolved on first use: ``OpOverloadPacket`` ``<ns>::<attr>`` (plain
+    attributes such as ``name`` are set when the namespace is made, before any baseline)."""
+    if attr.startswith("_") or attr in ("name",):
+        return True
+    qualified = getattr(value, "_qualified_op_name", None)
+    return type(value).__name__ == "OpOverloadPacket" and qualified == f"{getattr(namespace, 'name', '?')}::{attr}"
+
+
+def _same_entry(a: Any, b: Any) -> bool:
+    """``sys.path`` entries are equal strings; finders and hooks are the same objects."""
+    return a == b if isinstance(a, str) and isinstance(b, str) else a is b
+
+
+def _describe(item: Any) -> str:
+    if isinstance(item, str):
+        return item[:200]
+    kind = item if isinstance(item, type) else type(item)
+    return f"{getattr(kind, '__module__', '?')}.{getattr(kind, '__qualname__', '?')}"[:200]
