@@ -185,3 +185,30 @@ def test_growth_bound_scales_with_the_originals_bytes():
     assert growth_failure({"allocated": 0}, {"allocated": 1 << 30}, large, "after its import") is None
     assert growth_failure({"allocated": 0}, {"allocated": 1 << 30}, small, "x", retained=1 << 30) is None
     assert growth_failure(None, {"allocated": 1 << 40}, small, "x") is None  # unknown: no verdict
+
+
+def test_what_the_original_itself_changes_is_not_the_candidates_fault(tmp_path, monkeypatch):
+    """The trusted worker reports what loading and warming up the original changed (on CUDA: Triton's and
+    Inductor's lazy runtime state); candidate workers leave exactly those names out, and nothing else."""
+    from tilesmith.gate import Gate
+
+    monkeypatch.setenv("TILESMITH_ALLOW_CPU", "1")
+    monkeypatch.setenv("TILESMITH_GATE_RUN_TIMEOUT_S", "60")
+    torch.manual_seed(0)
+    cap = gs.capture(gs.LinearLN(), torch.randn(32, 64))[0]
+    lines = cap.graph.canonical_source.splitlines()
+    at = max(i for i, line in enumerate(lines) if line.startswith(("import ", "from "))) + 1
+    rebinding = ["import torch._inductor.codecache as _own_cc", "_own_cc.LOCK_TIMEOUT = _own_cc.LOCK_TIMEOUT + 1"]
+    original = "\n".join(lines[:at] + rebinding + lines[at:]) + "\n"
+    gate = Gate(gs.make_problem(cap, tmp_path / "snapshot", label="51de0fx1 (ln)", source=original),
+                reference=cap.ref_fn, profiles_dir=tmp_path / "profiles", timing_pairs=6)
+    try:
+        assert "torch._inductor.codecache.LOCK_TIMEOUT" in gate.original_effects
+        gs.runtime_checks_only(monkeypatch)
+        same = gate.evaluate(Candidate(source=original, proposer="control"))
+        assert same.failures == (), same.reasons
+        patched = gate.evaluate(Candidate(source=rs.extern_kernel_through_vars(original), proposer="redteam"))
+        assert "monkeypatch" in [f.check for f in patched.failures], patched.reasons
+        assert "extern_kernels.addmm" in " ".join(patched.reasons)
+    finally:
+        gate.close()

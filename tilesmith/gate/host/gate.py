@@ -151,11 +151,15 @@ class Gate:
         self._trusted_counts = (0, 0)
         self.expected: list[dict[str, Any]] = []
         self.fsize_limit = 0
+        self.original_effects: tuple[str, ...] = ()
+        """What loading and warming up the original changed in the trusted worker (attribute identities, state
+        keys); candidate workers do not report those (the original's own import changes them the same way)."""
         self.memory_problem: str | None = None
         """Why this graph cannot be evaluated in the memory left (``evaluate`` then answers ``gate_memory``)."""
         try:
             self._trusted = self._start_worker("trusted")
             init = self._ready(self._trusted, "the trusted worker")
+            self.original_effects = tuple(str(n) for n in init.get("original_effects") or ())
             self.memory: MemoryPlan = plan_from(str(self.device), init)
             self.reference = TrustedReference(self._trusted, self.files, self.worker_timeout_s)
             self.captured: RefResult = self.reference.run(recipe("normal", 0), seed=0)
@@ -230,6 +234,7 @@ class Gate:
             inputs_to_check=list(self.problem.graph.inputs_to_check),
             mutated_input_idxs=list(self.problem.graph.mutated_input_idxs),
             original_path=str(self.original_path) if role == "trusted" else None,
+            ignore_effects=list(self.original_effects),
             base_inputs=str(self.problem.inputs_path), expected=self.expected,
             fsize_limit=self.fsize_limit if role != "trusted" else 0)
         return worker

@@ -149,8 +149,12 @@ class Worker:
         answer: dict[str, Any] = {"ok": True, "flag_failures": flag_failures}
         _preimport_inductor(self.device, self.watch)
         answer["compiler_warmup"] = _warm_compilers(self.device)
+        self.sidefx.ignore = frozenset(str(n) for n in msg.get("ignore_effects", []) if isinstance(n, str))
         if self.role == "trusted":
+            before = sidefx.SideEffects()
+            before.baseline(self.watch)
             answer.update(self._load_original(msg["original_path"]))
+            answer["original_effects"] = before.effects()
         self.allocator = GuardedAllocator(self.device)
         limit = int(msg.get("fsize_limit", 0))
         if limit > 0:

@@ -217,6 +217,19 @@ class SideEffects:
         self.base_attrs: dict[str, tuple[dict[str, Any], Any]] = {}
         self.base_values: dict[str, Any] = {}
         self.base_lists: dict[str, tuple[Any, list[Any]]] = {}
+        self.ignore: frozenset[str] = frozenset()
+        """Names and keys the trusted original itself changes in its own process (its import, its warm-up calls:
+        Triton's and Inductor's lazy runtime state on CUDA, say), sent by the host; an honest candidate changes
+        them the same way, so they are not reported (:meth:`effects`)."""
+
+    def effects(self) -> list[str]:
+        """Every identity name and state key changed since :meth:`baseline`, unfiltered (the trusted worker's
+        report of what loading the original did)."""
+        saved, self.ignore = self.ignore, frozenset()
+        try:
+            return sorted({*self.identity_changes(), *self.state_changes()})
+        finally:
+            self.ignore = saved
 
     def baseline(self, wrapper_names: Iterable[str]) -> None:
         """Record everything (call before any candidate import; ``wrapper_names`` from the host)."""
@@ -255,7 +268,7 @@ class SideEffects:
                     changed.append(f"{name}.{attr} (removed)")
                 elif not _same(value, now[attr]):
                     changed.append(f"{name}.{attr}")
-        return sorted(changed)
+        return sorted(c for c in changed if c not in self.ignore)
 
     def state_changes(self) -> dict[str, list[Any]]:
         """``{key: [before, after]}`` of the values, probes and import-system lists that changed."""
@@ -274,7 +287,7 @@ class SideEffects:
                                   f"added {added}" if added else "nothing added"]
             elif len(current) != len(items) or not all(map(_same_entry, current, items)):
                 changes[f"{label} (order)"] = [[_describe(x) for x in items], [_describe(x) for x in current]]
-        return changes
+        return {k: v for k, v in changes.items() if k not in self.ignore}
 
 
 def _genuine_packet(namespace: Any, attr: str, value: Any) -> bool:
