@@ -328,11 +328,8 @@ def _profiles_dir(session: Any) -> Path | None:
 
 def write_attempt(path: Path, wrapper: str) -> None:
     """Write ``wrapper`` into the turn file ``path``, keeping the FX-program header the ring put there."""
-    try:
-        from tilesmith.capture.source import strip_fx_header
-    except ImportError:  # pragma: no cover - capture stage missing in a partial checkout
-        def strip_fx_header(text: str) -> str:
-            return text
+    from tilesmith.capture.source import strip_fx_header
+
     current = path.read_text(encoding="utf-8") if path.exists() else ""
     header = current[: len(current) - len(strip_fx_header(current))]
     body = strip_fx_header(wrapper)

@@ -186,26 +186,6 @@ def written_inputs(source: str, entry: EntryInfo, mutated_input_idxs: tuple[int,
     return tuple(sorted(i for i in written if 0 <= i < len(entry.input_names)))
 
 
-def count_launches(source: str, entry: EntryInfo) -> dict[str, int]:
-    """Counts of host-side work in the body: kernel launches, extern calls, allocations, size asserts."""
-    tree = ast.parse(source)
-    body = _find_body(tree, entry)
-    counts = {"triton": 0, "extern": 0, "alloc": 0, "assert": 0}
-    for node in ast.walk(body):
-        if not isinstance(node, ast.Call):
-            continue
-        text = ast.unparse(node.func)
-        if text.endswith(".run"):
-            counts["triton"] += 1
-        elif text.startswith(("extern_kernels.", "torch.ops.", "aten.")):
-            counts["extern"] += 1
-        elif text.startswith("empty_strided"):
-            counts["alloc"] += 1
-        elif text in ("assert_size_stride", "assert_alignment"):
-            counts["assert"] += 1
-    return counts
-
-
 def _assigns(node: ast.Assign, name: str) -> bool:
     return len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) and node.targets[0].id == name
 

@@ -90,14 +90,6 @@ class GateProblem:
                 raise ValueError(f"{self.label}: input {i} is a tensor, the graph expects a Python scalar")
         return values
 
-    def load_constants(self) -> dict[str, Any]:
-        if not self.constants_path.is_file():
-            return {}
-        value = torch.load(self.constants_path, weights_only=True, map_location="cpu")
-        if not isinstance(value, dict):
-            raise ValueError(f"{self.label}: {self.constants_path} must hold a dict of module attributes")
-        return value
-
 
 def _significant(shape: Any, stride: Any) -> tuple[tuple[int, int], ...]:
     return tuple((int(i), int(st)) for i, (sz, st) in enumerate(zip(shape, stride)) if int(sz) > 1)

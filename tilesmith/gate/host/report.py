@@ -22,7 +22,7 @@ import torch
 from tilesmith._atomic import write_json_atomic, write_text_atomic
 from tilesmith.secrets import redact
 from tilesmith.gate.host.stats import median
-from tilesmith.records import Timing, Verdict
+from tilesmith.records import Verdict
 
 REPORT_FORMAT = 1
 _EVAL_ID = re.compile(r"^e(\d{4,})\.json$")
@@ -154,7 +154,3 @@ def verdict_dict(verdict: Verdict) -> dict[str, Any]:
             data[key]["baseline_median_ms"] = median(data[key]["baseline_ms"])
             data[key]["candidate_median_ms"] = median(data[key]["candidate_ms"])
     return data
-
-
-def timing_dict(t: Timing | None) -> dict[str, Any] | None:
-    return dataclasses.asdict(t) if t is not None else None
