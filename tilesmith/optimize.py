@@ -19,7 +19,7 @@ from tilesmith._text import sentence
 from tilesmith.agent.protocol import StopOptimization
 from tilesmith.install import verify
 from tilesmith.install.loader import entry_point, load_wrapper, swap
-from tilesmith.records import BenchmarkRecord, Candidate, Timing, Verdict
+from tilesmith.records import BenchmarkRecord, Candidate, GraphState, Timing, Verdict
 from tilesmith.session import GraphSession
 from tilesmith.track import snapshot
 from tilesmith.track.run import Track
@@ -45,7 +45,7 @@ def optimize_graph(run: Any, handle: Any, track: Track, inputs: list[Any]) -> No
         if hit is not None and settings.get("TILESMITH_CACHE_RECHECK") == "background":
             thread = threading.Thread(target=_stages, args=(run, handle, track, snap, hit, True), daemon=True,
                                       name=f"tilesmith-recheck-{track.key[:8]}")
-            handle.state = "rechecking"
+            handle.state = GraphState.RECHECKING
             run.diagnose("cache_rechecking", f"graph {track.label}: found validated artifact {track.key[:12]}; "
                          "re-checking it in the background (TILESMITH_CACHE_RECHECK=background). The graph runs "
                          "on Inductor until the re-check installs it; tilesmith.wait(model) waits for that.",
@@ -101,8 +101,8 @@ def _stages(run: Any, handle: Any, track: Track, snap: Any, hit: Any, background
         if gate is not None:
             gate.close()
         snapshot.remove(snap)
-        if handle.state in ("rechecking", "optimizing"):
-            handle.state = "installed" if handle.record is not None else "kept_inductor"
+        if handle.state in (GraphState.RECHECKING, GraphState.OPTIMIZING):
+            handle.state = GraphState.INSTALLED if handle.record is not None else GraphState.KEPT_INDUCTOR
 
 
 def _run_optimizer(run: Any, handle: Any, track: Track, gate: Any, progress: Any) -> str:
@@ -159,7 +159,7 @@ def install(run: Any, handle: Any, track: Track, candidate: Candidate, verdict: 
         hold(fn, record, candidate.source)
         return record
     swap(handle.compiled, fn)
-    handle.state = "installed"
+    handle.state = GraphState.INSTALLED
     with run._lock:
         run.benchmarks.append(record)
     track.update(status="cache_hit" if source == "cache" else "installed", benchmark=_record_json(record))
@@ -175,11 +175,12 @@ def reuse_in_run(run: Any, first: Any, handle: Any) -> None:
     """
     twin = f"graph {handle.label} is identical to graph {first.graph.name} optimized earlier in this run"
     source, record = getattr(first, "installed_source", None), getattr(first, "record", None)
-    if first.state != "installed" or source is None or record is None:
-        handle.state = "kept_inductor"
-        why = ("whose cached artifact is still being re-checked in the background; this one stays on Inductor."
-               if first.state == "rechecking" else "whose wrapper production verification uninstalled; this one "
-               "stays on Inductor." if first.state == "uninstalled" else "which stayed on Inductor; so does this one.")
+    if first.state != GraphState.INSTALLED or source is None or record is None:
+        handle.state = GraphState.KEPT_INDUCTOR
+        why = {GraphState.RECHECKING: "whose cached artifact is still being re-checked in the background; this one "
+                                      "stays on Inductor.",
+               GraphState.UNINSTALLED: "whose wrapper production verification uninstalled; this one stays on Inductor."
+               }.get(first.state, "which stayed on Inductor; so does this one.")
         run.diagnose("duplicate_graph", f"{twin}, {why}", handle.key, handle.graph.name)
         return
     try:
@@ -190,11 +191,11 @@ def reuse_in_run(run: Any, first: Any, handle: Any) -> None:
         swap(handle.compiled, verify.guard(run, handle, getattr(first_verifier, "track", None), fn, module, source,
                                            prep))
     except Exception as exc:  # noqa: BLE001
-        handle.state = "kept_inductor"
+        handle.state = GraphState.KEPT_INDUCTOR
         run.diagnose("install_failed", f"{twin}; loading its validated wrapper failed ({type(exc).__name__}: "
                      f"{exc}); this graph stays on Inductor.", handle.key, handle.graph.name)
         return
-    handle.state = "installed"
+    handle.state = GraphState.INSTALLED
     with run._lock:
         run.benchmarks.append(dataclasses.replace(record, graph_name=handle.graph.name, kind=handle.graph.kind))
     run.diagnose("duplicate_graph", f"{twin}; installed the same validated wrapper (numbers from that graph's "

@@ -27,7 +27,7 @@ from tilesmith.capture import eligibility
 from tilesmith.capture.backend import AOT_CACHE_HIT
 from tilesmith.capture.graph import captured_graph, with_real_inputs
 from tilesmith.capture.source import canonicalize, graph_name
-from tilesmith.records import BenchmarkRecord, CapturedGraph, Diagnostic
+from tilesmith.records import BenchmarkRecord, CapturedGraph, Diagnostic, GraphState
 from tilesmith.track import snapshot
 from tilesmith.track.key import cache_key, key_environment
 from tilesmith.track.run import RunFolder, Track, new_run_id, utc_now
@@ -87,7 +87,7 @@ class GraphHandle:
         self.key = key
         self.constants = constants
         self.original = compiled.current_callable
-        self.state = "pending"
+        self.state = GraphState.PENDING
         self.lock = threading.RLock()
         self.installed_source: str | None = None
         self.record: BenchmarkRecord | None = None
@@ -184,9 +184,9 @@ class LiveRun:
     def _trampoline(self, handle: GraphHandle) -> Any:
         def first_call(args: list[Any]) -> Any:
             with handle.lock:
-                if handle.state != "pending":  # another thread got here first
+                if handle.state != GraphState.PENDING:  # another thread got here first
                     return handle.compiled.current_callable(args)
-                handle.state = "optimizing"
+                handle.state = GraphState.OPTIMIZING
                 handle.compiled.current_callable = handle.original
                 if handle.inner_kwargs is not None and not self._inputs_from_call(handle, args):
                     return handle.original(args)
@@ -201,7 +201,7 @@ class LiveRun:
                     self.diagnose("internal_error", f"graph {handle.label}: optimization failed with "
                                   f"{type(exc).__name__}: {exc}; the graph stays on Inductor. Please report "
                                   "this with the run folder.", handle.key, handle.graph.name)
-                    handle.state = "kept_inductor"
+                    handle.state = GraphState.KEPT_INDUCTOR
                 return outputs
 
         first_call._boxed_call = True  # type: ignore[attr-defined]
@@ -228,7 +228,7 @@ class LiveRun:
         except Exception as exc:  # noqa: BLE001 - never break the user's call
             kind, why = "internal_error", (f"its input specs could not be read ({type(exc).__name__}: {exc}). "
                                            "Please report this with the run folder.")
-        handle.state = "kept_inductor"
+        handle.state = GraphState.KEPT_INDUCTOR
         self.diagnose(kind, f"graph {handle.label} (loaded from the AOTAutograd cache): {why} It stays on "
                       "Inductor.", handle.key, handle.graph.name)
         return False
@@ -242,7 +242,8 @@ class LiveRun:
             first = self._by_key.setdefault(handle.key, handle)
         coordinator = self._coordinator()
         if first is not handle:
-            if coordinator is not None and first.state in ("optimizing", "following", "agreeing", "rechecking"):
+            undecided = (GraphState.OPTIMIZING, GraphState.FOLLOWING, GraphState.AGREEING, GraphState.RECHECKING)
+            if coordinator is not None and first.state in undecided:
                 coordinator.twin(self, first, handle)  # gets the job's decision on its twin, on every rank alike
                 return
             reuse_in_run(self, first, handle)

@@ -12,9 +12,33 @@ sentinel number. Every number in these records is computed in the host process.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Literal
 
 GraphKind = Literal["inference", "forward", "backward"]
+
+
+class GraphState(str, Enum):
+    """Where one eligible graph is in its life in the user's process (``GraphHandle.state``).
+
+    ``pending`` (captured, waiting for its first real call) → ``optimizing`` (this process runs the optimizer) or
+    ``rechecking`` (a cached artifact is re-checked by the gate) or, under torch.distributed, ``following`` (another
+    rank optimizes) and ``agreeing`` (the ranks vote on the winner) → ``installed`` or ``kept_inductor``;
+    ``installed`` → ``uninstalled`` when production verification finds a mismatch. A ``str`` enum: members equal
+    their value, so records and JSON keep the plain strings.
+    """
+
+    PENDING = "pending"
+    OPTIMIZING = "optimizing"
+    RECHECKING = "rechecking"
+    FOLLOWING = "following"
+    AGREEING = "agreeing"
+    INSTALLED = "installed"
+    KEPT_INDUCTOR = "kept_inductor"
+    UNINSTALLED = "uninstalled"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from typing import Any
 from tilesmith import settings
 from tilesmith.coord import devices
 from tilesmith.coord.board import Board, BoardError, Final, closing
+from tilesmith.records import GraphState
 
 log = logging.getLogger("tilesmith")
 
@@ -40,7 +41,8 @@ any one of N ranks measured noise."""
 _POLL_S = (0.2, 1.0)
 """Store polling interval: 0.2 s for the first 10 s of a wait, then 1 s."""
 HEARTBEAT_S = 1.0
-_UNDECIDED = ("pending", "optimizing", "rechecking", "following", "agreeing")
+_UNDECIDED = (GraphState.PENDING, GraphState.OPTIMIZING, GraphState.RECHECKING, GraphState.FOLLOWING,
+              GraphState.AGREEING)
 """Graph states before the job's decision is applied on this rank."""
 
 
@@ -178,7 +180,7 @@ class Coordinator:
             n = self._occurrences[ckey] = self._occurrences.get(ckey, -1) + 1
         entry = _Entry(run, handle, ckey, f"g/{ckey}/{n}", index)
         if self.broken:
-            handle.state = "kept_inductor"
+            handle.state = GraphState.KEPT_INDUCTOR
             run.diagnose("dist_unavailable", f"graph {handle.label}: torch.distributed is initialised "
                          f"({self.world_size} ranks) but Tilesmith cannot use its store ({self.broken}); the "
                          "graph stays on Inductor on this rank so that no rank installs a wrapper the others "
@@ -195,12 +197,12 @@ class Coordinator:
             return False
         self._snapshot(entry, inputs)
         if leader == self.rank:  # TILESMITH_DIST_LEADER=background: _follow leads in its thread
-            handle.state = "optimizing"
+            handle.state = GraphState.OPTIMIZING
             run.diagnose("dist_leading", f"graph {handle.label}: this rank optimizes this graph for all "
                          f"{self.world_size} ranks, in the background (TILESMITH_DIST_LEADER=background); it runs "
                          "on Inductor until the job's decision.", handle.key, handle.graph.name)
         else:
-            handle.state = "following"
+            handle.state = GraphState.FOLLOWING
             who = (f"rank {leader}" if leader is not None else "the graph's leader (the lowest rank with this "
                    "rank's versions and GPU model)")
             run.diagnose("dist_following", f"graph {handle.label}: {who} optimizes this graph for all "
@@ -226,7 +228,7 @@ class Coordinator:
         twin ends the same way whichever rank heard the decision first."""
         from tilesmith.optimize import reuse_in_run
 
-        handle.state = "following"
+        handle.state = GraphState.FOLLOWING
 
         def wait_then_reuse() -> None:
             started = time.monotonic()
@@ -240,7 +242,7 @@ class Coordinator:
     def _hold(self, entry: _Entry, fn: Any, record: Any, source: str) -> None:
         """Called by ``install`` on the leader instead of swapping the wrapper in."""
         entry.held = (fn, record, source)
-        entry.handle.state = "agreeing"
+        entry.handle.state = GraphState.AGREEING
         entry.run.diagnose("dist_awaiting_agreement", f"graph {entry.label}: accepted here ({record.speedup:.3f}x); "
                            f"it is installed on every rank once all ranks have re-checked it on their own device "
                            f"(at most TILESMITH_DIST_TIMEOUT_S={self.timeout_s:g} s); this rank runs Inductor "
@@ -296,7 +298,7 @@ class Coordinator:
 
         run, handle = entry.run, entry.handle
         handle.hold_install = lambda fn, record, source: self._hold(entry, fn, record, source)
-        handle.state = "optimizing"
+        handle.state = GraphState.OPTIMIZING
         track = entry.track = Track(run.folder, handle.graph, handle.key, run.options.loops)
         run.folder.save()
         track.create()
@@ -309,7 +311,7 @@ class Coordinator:
 
     def _lead(self, entry: _Entry) -> None:
         handle, started = entry.handle, time.monotonic()
-        while handle.state == "rechecking":  # TILESMITH_CACHE_RECHECK=background: its thread decides
+        while handle.state == GraphState.RECHECKING:  # TILESMITH_CACHE_RECHECK=background: its thread decides
             self._sleep(started)
         if entry.held is None:
             with entry.run._lock:
@@ -484,7 +486,7 @@ class Coordinator:
         record = dataclasses.replace(record, measured_by_rank=leader,
                                      extras=tuple(record.extras) + (("dist_source_sha256", final.sha256),))
         swap(handle.compiled, fn)
-        handle.state, handle.record = "installed", record
+        handle.state, handle.record = GraphState.INSTALLED, record
         handle.installed_source = entry.held[2] if entry.held is not None else entry.source
         with run._lock:
             run.benchmarks.append(record)
@@ -515,7 +517,7 @@ class Coordinator:
 
     def _keep(self, entry: _Entry, final: Final) -> None:
         run, handle = entry.run, entry.handle
-        handle.state, handle.record, handle.installed_source = "kept_inductor", None, None
+        handle.state, handle.record, handle.installed_source = GraphState.KEPT_INDUCTOR, None, None
         diagnostic = run.diagnose(final.kind, f"graph {entry.label}: the job keeps Inductor for this graph on "
                                   f"every rank: {final.reason}.", handle.key, handle.graph.name)
         if entry.track is not None:

@@ -58,6 +58,7 @@ from tilesmith.install.shadow import (
     to_caller,
 )
 from tilesmith.install.threads import ThreadCensus, warm_intra_op_pool
+from tilesmith.records import GraphState
 from tilesmith.settings import VerifyPolicy
 from tilesmith.track.snapshot import copy_input
 
@@ -444,7 +445,7 @@ class Verifier:
             other = verifier_of(h)
             if h is self.handle or (h.key == self.key and other is not None and other.source == self.source):
                 swap(h.compiled, h.original)
-                h.state = "uninstalled"
+                h.state = GraphState.UNINSTALLED
                 if other is not None:
                     other.failed, other.next_check = True, 0
         with run._lock:
