@@ -152,7 +152,8 @@ class Trials:
         holders = {"orig": self.gate._trusted, "cand": worker}
         if with_incumbent:
             holders["inc"] = self.incumbent
-        sched = timing.make_schedule(arms, [self.gate.base_inputs] * 2, pairs, seed)
+        sched = timing.make_schedule(arms, [self.gate.base_inputs] * 2, pairs, seed,
+                                     output_bytes=self.gate.reference.expected_bytes)
         run = timing.TimingRun(holders=holders, untrusted=self.gate._untrusted(), pool=self.pool,
                                target_ms=self.cfg.target_ms, max_sample_ms=self.cfg.max_sample_ms,
                                flush=timing.flush_bytes(self.gate.device), expected=self.cfg.expected,
@@ -170,9 +171,13 @@ class Trials:
         decision = answer.get("decision") or stats.classify(st, self.gate.min_improvement, self.gate.allowance)
         return decision, st, int(answer.get("rounds_run") or len(t.baseline_ms))
 
-    def gates(self, count: int, pairs: int, seed: int, with_incumbent: bool) -> list[dict[str, Any]]:
-        out = []
+    def gates(self, count: int, pairs: int, seed: int, with_incumbent: bool,
+              deadline: float | None = None) -> list[dict[str, Any]]:
+        """``count`` gates (fewer when ``time.monotonic()`` passes ``deadline``: the summary says how many ran)."""
+        out: list[dict[str, Any]] = []
         for g in range(count):
+            if deadline is not None and time.monotonic() > deadline:
+                break
             first = self.workers[g % len(self.workers)]
             second = self.workers[(g + 1) % len(self.workers)]
             d1, st1, n1 = self.phase(first, derive_seed(seed, g, 1), with_incumbent, pairs)
@@ -223,6 +228,10 @@ def calibrate_extra(trials: Trials, source: str, device: str, target: float, pai
 
 
 def summary(rows: list[dict[str, Any]], seconds: float, workers: int) -> dict[str, Any]:
+    if not rows:
+        return {"gates": 0, "accepted": 0, "first_phase_passed": 0, "median_speedup": float("nan"),
+                "median_speedup_per_worker": {}, "mean_pairs_per_gate": 0.0, "seconds": seconds,
+                "seconds_per_gate": float("nan"), "speedups": []}
     per_worker = {w: statistics.median([r["measurement"] for r in rows if r["worker"] == w])
                   for w in range(workers) if any(r["worker"] == w for r in rows)}
     return {"gates": len(rows), "accepted": sum(r["accepted"] for r in rows),
@@ -312,10 +321,15 @@ def main() -> int:
     parser.add_argument("--aa-workers", type=int, default=4, help="candidate processes the trials rotate over")
     parser.add_argument("--pairs", type=int, default=None, help="most pairs per phase (default TILESMITH_GATE_PAIRS)")
     parser.add_argument("--wall-repeats", type=int, default=3, help="full evaluations per kind and graph")
-    parser.add_argument("--graphs", default="mlp_block_fp32,gelu_matmul_bf16")
+    parser.add_argument("--graphs", default="mlp_block_fp32,gelu_matmul_bf16", help="comma-separated; none: only --memory")
     parser.add_argument("--memory", action="store_true", help="also the big-tensor and too-big cases")
     parser.add_argument("--quick", action="store_true", help="--aa 100 --gain 40 --wall-repeats 2 (≤ 5 min on the H200)")
-    parser.add_argument("--out", type=Path, default=None, help="JSON file to write (a folder: gate_calibration.json in it)")
+    parser.add_argument("--out", type=Path, default=None, help="JSON file to write (a folder: gate_calibration.json in it); "
+                        "rewritten after each graph, so a run cut short keeps what it measured")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="seconds for the whole run: each graph's A/A and 5%% trials get an equal share of what "
+                             "is left (minus 60 s per graph for the rest), and stop early at it (the JSON says how "
+                             "many gates ran)")
     args = parser.parse_args()
     if args.quick:
         args.aa, args.gain, args.wall_repeats = min(args.aa, 100), min(args.gain, 40), min(args.wall_repeats, 2)
@@ -330,11 +344,32 @@ def main() -> int:
                                "look_alpha": stats.look_alpha(pairs), "threshold": threshold, "graphs": {},
                                "args": {k: str(v) for k, v in vars(args).items()}}
     work = Path(tempfile.mkdtemp(prefix="gate-calib-"))
-    wanted = set(args.graphs.split(","))
-    for gi, (name, cap) in enumerate(graphs(args.device).items()):
+    wanted = [g for g in args.graphs.split(",") if g and g != "none"]
+    path = None
+    if args.out:
+        path = args.out / "gate_calibration.json" if args.out.suffix != ".json" else args.out
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:
+        results["total_s"] = time.monotonic() - started
+        if path is not None:
+            path.write_text(json.dumps(results, indent=1))
+
+    def share(blocks_left: int, graphs_left: int) -> float | None:
+        """Deadline of one trial block: an equal share of the budget left over ``blocks_left`` blocks, after 60 s
+        per graph left (gate start, extra-work calibration, wall times) and 120 s for ``--memory``."""
+        if args.budget_s is None:
+            return None
+        left = args.budget_s - (time.monotonic() - started) - 60.0 * graphs_left - (120.0 if args.memory else 0.0)
+        return time.monotonic() + max(10.0, left / max(1, blocks_left))
+
+    captured = graphs(args.device) if wanted else {}
+    for gi, (name, cap) in enumerate(captured.items()):
         if name not in wanted:
             continue
+        left_graphs = len([g for g in list(captured)[gi:] if g in wanted])
         row: dict[str, Any] = {}
+        results["graphs"][name] = row
         t0 = time.monotonic()
         gate = Gate(gs.make_problem(cap, work / name / "snap", label=f"ca1b{gi:04d} ({name})"),
                     profiles_dir=work / name / "profiles", timing_pairs=pairs)
@@ -346,12 +381,15 @@ def main() -> int:
             row["extra_work"] = {"amount": amount, "unit": "seconds" if args.device == "cpu" else "cycles",
                                  "measured_speedup": ratio}
             t1 = time.monotonic()
-            aa = trials.gates(args.aa, pairs, 1000 * gi + 1, with_incumbent=False)
+            aa = trials.gates(args.aa, pairs, 1000 * gi + 1, with_incumbent=False,
+                              deadline=share(2 * left_graphs, left_graphs))
             row["aa"] = summary(aa, time.monotonic() - t1, len(trials.workers))
             print(f"{name}: A/A {row['aa']['accepted']}/{row['aa']['gates']} accepted, "
                   f"{row['aa']['seconds_per_gate']:.2f} s per A/A gate", flush=True)
+            save()
             t1 = time.monotonic()
-            gain = trials.gates(args.gain, pairs, 1000 * gi + 2, with_incumbent=True)
+            gain = trials.gates(args.gain, pairs, 1000 * gi + 2, with_incumbent=True,
+                                deadline=share(2 * left_graphs - 1, left_graphs))
             row["gain5"] = summary(gain, time.monotonic() - t1, len(trials.workers))
             print(f"{name}: 5% gain {row['gain5']['accepted']}/{row['gain5']['gates']} accepted", flush=True)
             trials.close()
@@ -362,15 +400,12 @@ def main() -> int:
         finally:
             trials.close()
             gate.close()
-        results["graphs"][name] = row
+        save()
     if args.memory:
         results["memory"] = memory_cases(args.device, work)
-    results["total_s"] = time.monotonic() - started
+    save()
     print_table(results)
-    if args.out:
-        path = args.out / "gate_calibration.json" if args.out.suffix != ".json" else args.out
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(results, indent=1))
+    if path is not None:
         print(f"wrote {path}")
     return 0
 
@@ -381,10 +416,13 @@ def print_table(results: dict[str, Any]) -> None:
     print(f"{'graph':<18} {'call ms':>8} {'case':<7} {'gates':>6} {'accepted':>9} {'rate':>8} {'1st pass':>9} "
           f"{'median':>8} {'pairs':>6} {'s/gate':>7}")
     for name, row in results["graphs"].items():
+        if "aa" not in row or "gain5" not in row or "gate_wall" not in row:
+            print(f"{name:<18} incomplete: {sorted(row)}")
+            continue
         for label in ("aa", "gain5"):
             r = row[label]
             print(f"{name:<18} {row['original_call_ms']:>8.3f} {label:<7} {r['gates']:>6} {r['accepted']:>9} "
-                  f"{r['accepted'] / r['gates']:>8.1%} {r['first_phase_passed']:>9} {r['median_speedup']:>8.4f} "
+                  f"{r['accepted'] / max(1, r['gates']):>8.1%} {r['first_phase_passed']:>9} {r['median_speedup']:>8.4f} "
                   f"{r['mean_pairs_per_gate']:>6.1f} {r['seconds_per_gate']:>7.2f}")
         print(f"  A/A median speedup per candidate process: "
               f"{ {k: round(v, 4) for k, v in row['aa']['median_speedup_per_worker'].items()} }")

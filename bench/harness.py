@@ -10,7 +10,8 @@ for training cases):
 
 1. **Compile.** Each arm gets its own copy of the module (``bench/arms.py``) and is compiled in the order of
    ``bench.arms.ARMS``; its first call, synchronized, is ``compile_s`` (for Tilesmith: ``first_call_s``, the
-   first call including its optimization). Then ``warmup`` calls per arm, and one untimed warm-up round.
+   first call including its optimization, and ``decided_s``, until ``tilesmith.wait`` returned: the same
+   unless ``TILESMITH_OPTIMIZE=background``, where the optimization runs after the first call). Then ``warmup`` calls per arm, and one untimed warm-up round.
 2. **Rounds.** ``rounds`` rounds; each round runs every arm's *timed block* once, in the order of
    :func:`bench.stats.round_orders` (shuffled per cycle, rotated per round). A block is ``calls_per_round``
    timed calls; per call: untimed preparation (gradients set to ``None``,
@@ -341,7 +342,8 @@ def _compile_arm(name: str, workload: Workload, options: dict[str, Any], build: 
         if arm.handle is not None:
             import tilesmith
 
-            tilesmith.wait(arm.handle)
+            tilesmith.wait(arm.handle)  # TILESMITH_OPTIMIZE=background: the optimization finishes here
+            arm.result["decided_s"] = time.perf_counter() - t0
         phase = "warmup"
         for _ in range(warmup):
             prepare(arm.model, workload)
@@ -468,6 +470,7 @@ def compare(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
     manc = (arms.get("max-autotune-no-cudagraphs") or {}).get("compile_s")
     out["tilesmith_first_call_s"], out["max_autotune_nc_compile_s"] = first, manc
     out["first_call_over_max_autotune_nc"] = first / manc if first and manc else None
+    out["tilesmith_decided_s"] = (arms.get("tilesmith") or {}).get("decided_s")
     return out
 
 

@@ -196,8 +196,8 @@ def _compile_lines(cases: list[dict[str, Any]], arms: list[str]) -> list[str]:
     compiled = [a for a in arms if a != "eager"]
     lines = ["", "## Compile time: first call (s)", "",
              "| case | " + " | ".join(ARM_LABELS[a] for a in compiled)
-             + " | tilesmith first call / max-autotune-nc compile | max rel. error vs eager |",
-             "|---|" + "---|" * (len(compiled) + 2)]
+             + " | tilesmith first call / max-autotune-nc compile | tilesmith decided | max rel. error vs eager |",
+             "|---|" + "---|" * (len(compiled) + 3)]
     for case in cases:
         cells = []
         for a in compiled:
@@ -208,6 +208,7 @@ def _compile_lines(cases: list[dict[str, Any]], arms: list[str]) -> list[str]:
         worst = max((float(e) if not isinstance(e, str) else math.inf for e in errs), default=None)
         lines.append(f"| {case['case']} | " + " | ".join(cells)
                      + f" | {_fmt(_cmp(case).get('first_call_over_max_autotune_nc'), '.2f', '×')}"
+                     + f" | {_fmt(((case.get('arms') or {}).get('tilesmith') or {}).get('decided_s'), '.1f')}"
                      + f" | {_fmt(worst, '.1e')} |")
     return lines
 

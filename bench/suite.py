@@ -75,6 +75,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--graph-budget-s", type=float, default=None,
                         help="sets TILESMITH_GRAPH_BUDGET_S (seconds of first-call optimization per graph) for "
                              "the cases; default: the environment's or Tilesmith's default")
+    parser.add_argument("--optimize", choices=("inline", "background"), default=None,
+                        help="TILESMITH_OPTIMIZE for the Tilesmith arm (default: the environment's, else inline); "
+                             "with background its first call returns on Inductor and decided_s is when the "
+                             "optimization ended")
     parser.add_argument("--tilesmith-cache", choices=("fresh", "shared"), default="fresh",
                         help="fresh (default): each case's Tilesmith arm gets an empty TILESMITH_CACHE_DIR under "
                              "--out/tilesmith-cache/<case> (its first call optimizes instead of reusing an artifact, "
@@ -123,9 +127,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def child_env(device: str, graph_budget_s: float | None = None) -> dict[str, str]:
+def child_env(device: str, graph_budget_s: float | None = None, optimize: str | None = None) -> dict[str, str]:
     """Environment of the subprocesses: the repository importable; CPU test mode when ``device`` is cpu;
-    ``TILESMITH_GRAPH_BUDGET_S`` when ``graph_budget_s`` is given."""
+    ``TILESMITH_GRAPH_BUDGET_S`` when ``graph_budget_s`` is given, ``TILESMITH_OPTIMIZE`` when ``optimize`` is."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO), env.get("PYTHONPATH", "")) if p)
     if device == "cpu":
@@ -133,6 +137,8 @@ def child_env(device: str, graph_budget_s: float | None = None) -> dict[str, str
         env.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
     if graph_budget_s is not None:
         env["TILESMITH_GRAPH_BUDGET_S"] = f"{graph_budget_s:g}"
+    if optimize is not None:
+        env["TILESMITH_OPTIMIZE"] = optimize
     return env
 
 
@@ -204,12 +210,13 @@ def _measure_limits(args: argparse.Namespace, out: Path, env: dict[str, str]) ->
 def run_suite(args: argparse.Namespace) -> dict[str, Any]:
     out: Path = args.out
     (out / "logs").mkdir(parents=True, exist_ok=True)
-    env = child_env(args.device, args.graph_budget_s)
+    env = child_env(args.device, args.graph_budget_s, args.optimize)
     started = time.perf_counter()
     command = " ".join(shlex.quote(a) for a in ["python", "bench/suite.py", *sys.argv[1:]])
     options = {"agent": args.agent, "agency": args.agency, "loops": args.loops, "max_model_calls": args.max_model_calls,
                "arms": args.arm_names, "tiny": args.tiny, "rounds": args.rounds,
                "calls_per_round": args.calls_per_round, "seed": args.seed, "graph_budget_s": args.graph_budget_s,
+               "optimize": args.optimize,
                "tilesmith_cache": args.tilesmith_cache}
     previous = _load(out / "results.json") if args.resume else None
     kept = {c["case"]: c for c in (previous or {}).get("cases", []) if c.get("status") not in RETRY_STATUSES}
@@ -230,7 +237,7 @@ def run_suite(args: argparse.Namespace) -> dict[str, Any]:
     print(f"limits: copy {lim['copy_gbps']:.0f} GB/s, bf16 {lim['matmul_bf16_tflops']:.1f} TFLOP/s, "
           f"fp32 {lim['matmul_fp32_tflops']:.1f} TFLOP/s; {len(todo)} case(s) to run, estimated "
           f"{sum(CASES[n].estimate_s for n in todo):.0f} s" + (f" (kept {len(kept)})" if kept else ""), flush=True)
-    harness_options = {k: v for k, v in options.items() if k not in ("graph_budget_s", "tilesmith_cache")}
+    harness_options = {k: v for k, v in options.items() if k not in ("graph_budget_s", "tilesmith_cache", "optimize")}
     for name in todo:
         case = _one_case(name, args, out, env, harness_options, started)
         kept[name] = case

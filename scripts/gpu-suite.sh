@@ -4,6 +4,7 @@
 #   scripts/gpu-suite.sh [tests] [main] [overhead] [kernels] [cache] [bench] [calib] [llm] [verify]   # default: tests main overhead
 #   scripts/gpu-suite.sh verify                 # production verification: GPU tests + bench/verify_cost.py (< 4 min)
 #   GPU_TESTS="tests/gpu/test_gate_gpu.py" scripts/gpu-suite.sh tests              # a subset of the GPU tests
+#   PYTEST_ARGS="--timeout 150 --maxfail 8" scripts/gpu-suite.sh tests verify      # extra pytest arguments
 #   scripts/gpu-suite.sh bench                  # the benchmark suite, fresh, within 530 s (docs/benchmarks.md)
 #   BENCH_RESUME=1 scripts/gpu-suite.sh bench   # continue it in the next call (cases the budget skipped)
 #   BENCH_CASES=part2 BENCH_BUDGET_S=300 BENCH_ARGS="--rounds 30" scripts/gpu-suite.sh bench
@@ -38,7 +39,7 @@ rc=0
 for part in "${parts[@]}"; do
   echo "=== $part ($(date +%T))"
   case "$part" in
-    tests)    "$PY" -m pytest -q -ra -s -m gpu -p no:cacheprovider ${GPU_TESTS:-tests/gpu tests/test_roofline.py \
+    tests)    "$PY" -m pytest -q -ra -s -m gpu -p no:cacheprovider ${PYTEST_ARGS:-} ${GPU_TESTS:-tests/gpu tests/test_roofline.py \
                 tests/test_bench_suite.py tests/test_llm_profiling.py} 2>&1 | tee "$OUT/gpu-tests.log" | grep -vE "^DEBUG" ; rc=$((rc|${PIPESTATUS[0]})) ;;
     main)     "$PY" examples/main_job.py 2>&1 | tee "$OUT/main-job.log"; rc=$((rc|${PIPESTATUS[0]})) ;;
     overhead) "$PY" bench/call_overhead.py 2>&1 | tee "$OUT/call-overhead.log"; rc=$((rc|${PIPESTATUS[0]})) ;;
@@ -56,11 +57,11 @@ for part in "${parts[@]}"; do
               cp "$bout"/results.json "$bout"/results.md "$bout"/limits.json "$OUT/benchmarks/" 2>/dev/null
               cp "$bout"/results.png "$OUT/benchmarks/" 2>/dev/null; cp "$bout"/logs/*.log "$OUT/benchmarks/logs/" 2>/dev/null
               ;;
-    verify)   "$PY" -m pytest -q -ra -s -m gpu -p no:cacheprovider tests/gpu/test_verify_gpu.py 2>&1 | tee "$OUT/verify-tests.log" \
+    verify)   "$PY" -m pytest -q -ra -s -m gpu -p no:cacheprovider ${PYTEST_ARGS:-} tests/gpu/test_verify_gpu.py 2>&1 | tee "$OUT/verify-tests.log" \
                 | grep -vE "^DEBUG"; rc=$((rc|${PIPESTATUS[0]}))
               "$PY" bench/verify_cost.py --device cuda --out "$OUT" 2>&1 | tee "$OUT/verify-cost.log"; rc=$((rc|${PIPESTATUS[0]})) ;;
     calib)    "$PY" bench/gate_calibration.py ${CALIB_ARGS:-} 2>&1 | tee "$OUT/gate-calibration.log"; rc=$((rc|${PIPESTATUS[0]})) ;;
-    llm)      "$PY" -m pytest -q -ra -s -m gpu tests/gpu/test_llm_e2e_gpu.py tests/gpu/test_llm_shell_gpu.py 2>&1 | tee "$OUT/llm-e2e.log"; rc=$((rc|${PIPESTATUS[0]})) ;;
+    llm)      "$PY" -m pytest -q -ra -s -m gpu -p no:cacheprovider ${PYTEST_ARGS:-} tests/gpu/test_llm_e2e_gpu.py tests/gpu/test_llm_shell_gpu.py 2>&1 | tee "$OUT/llm-e2e.log"; rc=$((rc|${PIPESTATUS[0]})) ;;
     *)        echo "unknown part $part"; rc=2 ;;
   esac
 done

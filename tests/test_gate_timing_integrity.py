@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from tests.cheats import redteam_timing as rt
-from tilesmith.gate.host import timing
+from tilesmith.gate.host import stats, timing
 from tilesmith.gate.host.reference import RefResult
 from tilesmith.gate.host.timing import choose_k
 from tilesmith.gate.inputs import call_values, distinct_capacity, fill_set, roll_finite_
@@ -409,3 +409,20 @@ def test_real_gate_memo_candidates_gain_nothing(gate, make):
     g, cap = gate
     verdict = g.evaluate(Candidate(source=make(cap.source), proposer=f"redteam:{make.__name__}"))
     assert not verdict.accepted, verdict.reasons
+
+
+def test_spot_checks_of_big_outputs_fit_the_byte_budget_and_the_workers_file_limit():
+    rounds = 30
+    looks = stats.looks(rounds)
+    assert timing.spot_count(0, rounds) == timing.SPOT_CHECKS == timing.spot_count(1 << 20, rounds)
+    big = 128 << 20  # one 8192×8192 bf16 output: its spot file overran the old limit (8× outputs) on the H200
+    assert (timing.spot_count(big, rounds) + 1) * big <= timing.SPOT_BYTES
+    n = timing.spot_count(400 << 20, rounds)
+    assert len(looks) <= n < timing.SPOT_CHECKS and (n + 1) * (400 << 20) <= timing.SPOT_BYTES
+    assert timing.spot_count(4 << 30, rounds) == len(looks)  # never fewer than one per look block
+    for nbytes in (big, 1 << 30):
+        sched = timing.make_schedule(["orig", "cand"], _pool_values(), rounds, seed=3, output_bytes=nbytes)
+        cand = [r for r, a in sched.spots if a == 1]
+        assert all(any(lo <= r < hi for r in cand) for lo, hi in zip([0, *looks[:-1]], looks)), cand
+        written = (len(sched.spots) + 1) * nbytes  # + the last sample the host adds
+        assert written + (16 << 20) <= timing.spot_file_limit(nbytes)

@@ -403,3 +403,29 @@ def test_max_output_tokens_reaches_the_upstream_and_tilesmith_timeout_sets_the_r
     assert default.get("max_completion_tokens", default.get("max_tokens")) == 8192
     assert set_.get("max_completion_tokens", set_.get("max_tokens")) == 1234
     assert default_timeout == 600 and set_timeout == 777
+
+
+def test_toolchains_named_by_the_environment_are_shown_read_only_and_run_inside(tmp_path):
+    """The H200 image sets CC=/opt/gcc/bin/gcc: Triton's launcher build inside the shell needs that folder."""
+    from tilesmith.agent.llm.sandbox import host_mounts, prepare, toolchain_dirs
+
+    root = tmp_path / "opt" / "gcc"
+    (root / "bin").mkdir(parents=True)
+    (root / "lib").mkdir()
+    (root / "lib" / "marker.txt").write_text("toolchain lib")
+    cc = root / "bin" / "gcc"
+    cc.write_text("#!/bin/sh\necho fake-gcc $(cat \"$(dirname \"$0\")/../lib/marker.txt\")\n")
+    cc.chmod(0o755)
+    home_cc = Path(os.path.expanduser("~")) / "no-such-dir-tilesmith" / "bin" / "gcc"
+    env = {**os.environ, "CC": str(cc), "CXX": "g++", "CUDA_HOME": str(home_cc.parent.parent)}
+    assert toolchain_dirs(env) == [str(root)]  # relative and missing paths, and folders under home, are skipped
+    assert str(root) in host_mounts(env).read_only
+    sandbox, status = prepare(env, [])
+    if sandbox is None:
+        pytest.skip(f"no working bubblewrap sandbox: {status.reason}")
+    workspace, cache = tmp_path / "ws", tmp_path / "cache"
+    workspace.mkdir()
+    cache.mkdir()
+    result = sandbox.run(workspace, cache, [], '"$CC"; touch "$(dirname "$CC")/written" 2>/dev/null || echo ro', 30)
+    assert result.exit_code == 0 and "fake-gcc toolchain lib" in result.stdout and "ro" in result.stdout, result
+    assert not (root / "bin" / "written").exists()

@@ -8,6 +8,7 @@ what happens in the user's process after install. Every test compares the user's
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 
@@ -437,6 +438,41 @@ def test_backward_bomb_is_caught_and_gradients_stay_right(stand_in_gate, monkeyp
 # -- the thread census ----------------------------------------------------------------------------------------
 def _idle(stop):
     stop.wait(10)
+
+
+def _native_named(name: bytes, stop) -> None:
+    """A ``_thread`` thread (unknown to ``threading``) that sets its OS name, as a native runtime thread does."""
+    import ctypes
+
+    ctypes.CDLL(None).prctl(15, ctypes.c_char_p(name), 0, 0, 0)  # PR_SET_NAME
+    stop.wait(10)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl(PR_SET_NAME) and /proc are Linux's")
+def test_census_explains_pytorchs_autograd_threads_that_share_one_name():
+    import _thread
+
+    from tilesmith.install.threads import ThreadCensus, os_threads
+
+    stop = threading.Event()
+    try:
+        census = ThreadCensus()
+        for _ in range(4):  # the engine starts pt_autograd_0 once per device type it knows (H200: four)
+            _thread.start_new_thread(_native_named, (b"pt_autograd_0", stop))
+        deadline = time.monotonic() + 5
+        while list(os_threads().values()).count("pt_autograd_0") < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert list(os_threads().values()).count("pt_autograd_0") == 4
+        assert census.unexplained(()) == []
+        for _ in range(2):  # any other shared name stays an inherited name, reported
+            _thread.start_new_thread(_native_named, (b"helper", stop))
+        deadline = time.monotonic() + 5
+        while list(os_threads().values()).count("helper") < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        lines = census.unexplained(())
+        assert len(lines) == 2 and all("'helper'" in line and "inherited name" in line for line in lines), lines
+    finally:
+        stop.set()
 
 
 def test_census_explains_library_threads_and_reports_anonymous_and_wrapper_threads():

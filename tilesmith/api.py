@@ -115,7 +115,8 @@ def benchmarks(model: Any) -> tuple[BenchmarkRecord, ...]:
     Empty before the first call, after a fallback, and for objects Tilesmith did not compile; with
     ``TILESMITH_CACHE_RECHECK=background`` a graph reused from the artifact cache appears only once its
     re-check has installed it (``tilesmith.wait(model)`` waits; a ``cache_rechecking`` diagnostic says one is
-    running). Times are in milliseconds per call, measured by the host gate's confirmation (paired samples,
+    running), and with ``TILESMITH_OPTIMIZE=background`` an optimized graph once its gate accepted
+    (``optimizing_in_background``). Times are in milliseconds per call, measured by the host gate's confirmation (paired samples,
     median of ratios); for a cache hit, by the re-check's own measurement on this run's inputs (the artifact's
     stored numbers are in the track's ``cache.json``). Under ``torch.distributed`` every rank lists the graphs the
     job installed, with the numbers of the graph's leader, whose global rank is ``measured_by_rank``
@@ -126,9 +127,10 @@ def benchmarks(model: Any) -> tuple[BenchmarkRecord, ...]:
 
 
 def wait(model: Any, timeout_s: float | None = None) -> bool:
-    """Wait until background artifact-cache re-checks of ``model``'s graphs have finished (installed or not).
+    """Wait until background re-checks and optimizations of ``model``'s graphs have finished (installed or not).
 
-    Only ``TILESMITH_CACHE_RECHECK=background`` starts such re-checks; under ``torch.distributed`` this also
+    Only ``TILESMITH_CACHE_RECHECK=background`` (artifact-cache re-checks) and ``TILESMITH_OPTIMIZE=background``
+    (first-call optimizations) start such threads; under ``torch.distributed`` this also
     waits until the job's decision on each of this rank's graphs is applied here (docs/distributed.md; a local
     wait, no collective); otherwise there is nothing to wait for.
     ``timeout_s`` is in seconds (``None``: no limit). Returns True when none is still running, False on

@@ -27,8 +27,13 @@ from tilesmith.track.run import Track
 log = logging.getLogger("tilesmith")
 
 
-def optimize_graph(run: Any, handle: Any, track: Track, inputs: list[Any]) -> None:
-    """Run the stages for ``handle``'s graph; ``inputs`` are copies of its first call's inputs."""
+def optimize_graph(run: Any, handle: Any, track: Track, inputs: list[Any], *, single_process: bool = True) -> None:
+    """Run the stages for ``handle``'s graph; ``inputs`` are copies of its first call's inputs.
+
+    The stages move to a background thread for a cache hit under ``TILESMITH_CACHE_RECHECK=background`` and,
+    when ``single_process``, for the optimizer under ``TILESMITH_OPTIMIZE=background`` (under torch.distributed
+    the coordinator needs the leader's decision when this returns; ``TILESMITH_DIST_LEADER`` is its own mode).
+    """
     import torch
 
     label = track.label
@@ -43,14 +48,20 @@ def optimize_graph(run: Any, handle: Any, track: Track, inputs: list[Any]) -> No
         inputs.clear()  # the snapshot holds them now; free device memory before workers start
         hit = _lookup(run, handle, track)
         if hit is not None and settings.get("TILESMITH_CACHE_RECHECK") == "background":
-            thread = threading.Thread(target=_stages, args=(run, handle, track, snap, hit, True), daemon=True,
-                                      name=f"tilesmith-recheck-{track.key[:8]}")
             handle.state = GraphState.RECHECKING
             run.diagnose("cache_rechecking", f"graph {track.label}: found validated artifact {track.key[:12]}; "
                          "re-checking it in the background (TILESMITH_CACHE_RECHECK=background). The graph runs "
                          "on Inductor until the re-check installs it; tilesmith.wait(model) waits for that.",
                          track.key, handle.graph.name)
-            run.start_background(thread)  # the thread owns the snapshot from here on
+            _defer(run, track, snap, hit, handle, "recheck")
+            snap = None
+            return
+        if single_process and hit is None and settings.get("TILESMITH_OPTIMIZE") == "background":
+            run.diagnose("optimizing_in_background", f"graph {track.label}: optimizing in the background "
+                         "(TILESMITH_OPTIMIZE=background). The graph runs on Inductor until a candidate the gate "
+                         "accepted is installed; tilesmith.wait(model) waits for the decision.",
+                         track.key, handle.graph.name)
+            _defer(run, track, snap, hit, handle, "optimize")
             snap = None
             return
         _stages(run, handle, track, snap, hit, False)
@@ -60,11 +71,19 @@ def optimize_graph(run: Any, handle: Any, track: Track, inputs: list[Any]) -> No
             snapshot.remove(snap)
 
 
+def _defer(run: Any, track: Track, snap: Any, hit: Any, handle: Any, what: str) -> None:
+    """Run :func:`_stages` in a daemon thread that owns ``snap`` from here on (``run.wait`` joins it)."""
+    thread = threading.Thread(target=_stages, args=(run, handle, track, snap, hit, True), daemon=True,
+                              name=f"tilesmith-{what}-{track.key[:8]}")
+    run.start_background(thread)
+
+
 def _stages(run: Any, handle: Any, track: Track, snap: Any, hit: Any, background: bool) -> None:
     """Gate (+ cache re-check or optimizer) → install, for one graph whose snapshot is in ``snap``.
 
     ``background``: running in a thread after the graph's first call returned (``TILESMITH_CACHE_RECHECK=
-    background``): the reference then comes from a trusted worker, never from the user's callable (which
+    background`` or ``TILESMITH_OPTIMIZE=background``): the reference then comes from a trusted worker, never
+    from the user's callable (which
     would run in the user's CUDA context and RNG from another thread), there is no progress display, and
     nothing may escape the thread: a failure is a diagnostic and the graph stays on Inductor.
     """
@@ -94,8 +113,9 @@ def _stages(run: Any, handle: Any, track: Track, snap: Any, hit: Any, background
     except BaseException as exc:  # noqa: BLE001 - in the thread nothing may escape; inline the caller reports
         if not background or isinstance(exc, KeyboardInterrupt):
             raise
-        log.exception("tilesmith: background re-check of %s failed", label)
-        _keep(run, track, "internal_error", f"graph {label}: the background re-check failed with "
+        what = "re-check" if hit is not None else "optimization"
+        log.exception("tilesmith: background %s of %s failed", what, label)
+        _keep(run, track, "internal_error", f"graph {label}: the background {what} failed with "
               f"{type(exc).__name__}: {exc}; the graph stays on Inductor. Please report this with the run folder.")
     finally:
         if gate is not None:

@@ -122,15 +122,15 @@ class LiveRun:
         self.background: list[threading.Thread] = []
         self._coordinator()  # under torch.distributed: join the job's decision board now, not in a model call
 
-    # -- background re-checks (TILESMITH_CACHE_RECHECK=background) ------------------------------
+    # -- background work (TILESMITH_CACHE_RECHECK=background, TILESMITH_OPTIMIZE=background) ----
     def start_background(self, thread: threading.Thread) -> None:
-        """Start and remember a daemon thread that re-checks (and maybe installs) one graph."""
+        """Start and remember a daemon thread that re-checks or optimizes (and maybe installs) one graph."""
         with self._lock:
             self.background.append(thread)
         thread.start()
 
     def wait(self, timeout_s: float | None = None) -> bool:
-        """Wait for every background re-check started so far; True when none is still running.
+        """Wait for every background re-check and optimization started so far; True when none is still running.
 
         ``timeout_s``: seconds in all (``None``: no limit)."""
         import time
@@ -256,7 +256,7 @@ class LiveRun:
             self.record_diagnostic(problem)
         track.create()
         try:
-            optimize_graph(self, handle, track, inputs)
+            optimize_graph(self, handle, track, inputs, single_process=coordinator is None)
         finally:
             if coordinator is not None:
                 coordinator.led(self, handle, track)

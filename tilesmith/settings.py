@@ -254,6 +254,14 @@ _SETTINGS = (
             "call (the artifact serves that call's successors at once); 'background' in a thread while the "
             "graph keeps running on Inductor, with the reference from a trusted worker, installed when the "
             "re-check passes (tilesmith.wait(model) waits for it). Only the first call's latency differs."),
+    Setting("TILESMITH_OPTIMIZE", "inline", _leader_mode,
+            "Where a graph's first-call optimization runs: 'inline' inside its first call (that call returns "
+            "once the optimizer and the gate are done, the winner installed for the next call); 'background' "
+            "in a thread while the graph runs on Inductor, with the reference from a trusted worker, installed "
+            "when the gate and its confirmation accept (tilesmith.wait(model) waits for it). Gate timing then "
+            "shares the GPU with the user's own work, which widens intervals (never a false accept: the rule "
+            "needs the interval above the bound). Single-process runs; under torch.distributed "
+            "TILESMITH_DIST_LEADER decides."),
     Setting("TILESMITH_PRESTART_WORKER", "1", _bool,
             "Start one gate worker at tilesmith.compile() (when a graph may be eligible: a CUDA device, or "
             "CPU test mode) so that its Python start and torch import overlap with compilation; the first "

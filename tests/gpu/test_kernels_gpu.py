@@ -293,6 +293,7 @@ def test_native_candidate_matches_the_original_cuda_wrapper(kernels, family):
     from tilesmith.agent.builtin.base import GraphContext
     from tilesmith.agent.builtin.native import NativeKernelGenerator
     from tilesmith.gate.host.static_scan import scan
+    from tilesmith.gate.layout import clone_layout
     from tilesmith.install.loader import load_wrapper
 
     fn, inputs = _cases()[family]
@@ -305,8 +306,9 @@ def test_native_candidate_matches_the_original_cuda_wrapper(kernels, family):
     print(f"\n[{family}] {proposal.note}")
     assert scan(proposal.source) == []
     module = load_wrapper(proposal.source, cap.constants)
-    got = module.call([t.clone() for t in cap.inputs])
-    want = cap.ref_fn([t.clone() for t in cap.inputs])
+    # gate_support.capture records the first call's inputs as CPU copies (the gate's snapshot form)
+    got = module.call([clone_layout(t, DEV) for t in cap.inputs])
+    want = cap.ref_fn([clone_layout(t, DEV) for t in cap.inputs])
     assert len(got) == len(want)
     for g_, w_ in zip(got, want, strict=True):
         assert g_.stride() == w_.stride()

@@ -12,26 +12,33 @@ A thread that appears after install is *explained* (and added to the baseline) w
   ``threading`` and the installed wrapper (a library's or the user's own Python thread: Inductor's compile pool,
   a data loader's pin-memory thread, Tilesmith's own clock), or
 - it is unknown to Python and its OS name (``/proc/self/task/<tid>/comm``) was set by whoever created it: a
-  name no thread had at install and no other thread has now (PyTorch names its threads ``pt_autograd_0`` …; a
-  new thread inherits its creator's name unless it sets one, so a helper thread started from the main thread or
-  from an autograd thread shares that thread's name).
+  name no thread had at install and no other thread has now (a new thread inherits its creator's name unless it
+  sets one, so a helper thread started from the main thread or from an autograd thread shares that thread's
+  name), or
+- it is unknown to Python and carries the name of PyTorch's autograd engine threads, ``pt_autograd_<index>``
+  (``torch/csrc/autograd/engine.cpp``, ``Engine::thread_init``). The engine starts them at the first backward
+  that uses an accelerator, one per device index *for every device type it knows*, so several threads share one
+  such name (seen on the H200, torch 2.11: four ``pt_autograd_0`` threads at the first CUDA backward after
+  install, which the unique-name rule took for inherited names and uninstalled a training step's graphs).
 
 Everything else is reported: a Python thread that runs code of the installed wrapper, one that runs nothing
 identifiable (e.g. ``threading.Thread(target=time.sleep)``), and an unnamed native or ``_thread`` thread.
 Limits (docs/verification.md): a thread that has already exited is not seen; a thread running library code
-with no frame from the wrapper is taken for a library's; a native thread that names itself is taken for a
-runtime's; OpenMP threads added later by the user (``torch.set_num_threads`` raised) are reported.
+with no frame from the wrapper is taken for a library's; a native thread that names itself (``pt_autograd_<n>``
+included) is taken for a runtime's; OpenMP threads added later by the user (``torch.set_num_threads`` raised) are reported.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 import threading
 from collections import Counter
 from typing import Any
 
 _TASKS = "/proc/self/task"
+_AUTOGRAD = re.compile(r"pt_autograd_\d+")
 
 
 def os_threads() -> dict[int, str]:
@@ -135,6 +142,8 @@ def _why(tid: int, comm: str, thread: threading.Thread | None, frames: dict[int,
                     f"identifies its owner")
         return None
     if names[comm] == 1 and comm not in baseline_names:
+        return None
+    if _AUTOGRAD.fullmatch(comm):
         return None
     return (f"thread {tid} (OS name {comm!r}) started after install is unknown to Python's threading module and "
             f"carries an inherited name")

@@ -10,7 +10,8 @@ Tilesmith does not build its own sandbox: every command runs under bubblewrap (`
 * **files** (an allow-list; nothing else of the host exists inside): read-only ``/usr``, ``/bin``, ``/sbin``,
   ``/lib*`` (symlinks kept as symlinks), ``/sys``, a few ``/etc`` files the loader and compilers read
   (:data:`ETC_FILES`), the Python environment (``sys.prefix``, ``sys.base_prefix``, the folders holding ``torch``
-  and ``triton``) and existing ``LD_LIBRARY_PATH`` folders; a fresh ``/dev`` plus the ``/dev/nvidia*`` devices when
+  and ``triton``), existing ``LD_LIBRARY_PATH`` folders and the toolchains the environment names
+  (:data:`TOOLCHAIN_VARS`: ``CC=/opt/gcc/bin/gcc`` shows ``/opt/gcc``); a fresh ``/dev`` plus the ``/dev/nvidia*`` devices when
   present (the GPU stays visible); a fresh ``/proc``; a per-command ``/tmp`` (tmpfs). Writable: the graph's shell
   workspace (``/workspace``), its cache folder (``/cache``) and ``/tmp``, minus the read-only files bound over
   them; the sandbox's own root is remounted read-only. No
@@ -53,6 +54,11 @@ SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives", "/etc/passwd",
              "/etc/group", "/etc/nsswitch.conf", "/etc/localtime", "/etc/os-release", "/etc/hosts")
 _DEVICE_GLOBS = ("nvidia*", "nvidia-caps", "dri")
+TOOLCHAIN_VARS = ("CC", "CXX", "CUDAHOSTCXX", "CUDA_HOME", "CUDA_PATH", "TRITON_PTXAS_PATH", "TRITON_CUOBJDUMP_PATH",
+                  "TRITON_NVDISASM_PATH")
+"""Variables naming a compiler or toolkit by absolute path; its folder (the parent of a ``bin`` folder) is shown
+read-only. Why: Triton compiles its launcher with ``$CC``, and on the H200 image ``CC=/opt/gcc/bin/gcc``; without
+``/opt/gcc`` inside, every Triton kernel the agent timed in the shell failed (``FileNotFoundError``, 2026-12-02)."""
 _OVERRIDDEN = frozenset({"HOME", "USER", "LOGNAME", "SHELL", "TMPDIR", "TEMP", "TMP", "PYTHONPATH", "VIRTUAL_ENV",
                          "CONDA_PREFIX", "XDG_CACHE_HOME", "TILESMITH_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR",
                          "TRITON_CACHE_DIR", "TRITON_HOME", "PATH"})
@@ -119,13 +125,15 @@ class Sandbox:
                 "--unshare-uts", "--unshare-net", "--unshare-cgroup-try", "--cap-drop", "ALL", "--clearenv"]
         for target, link in self.mounts.symlinks:
             args += ["--symlink", target, link]
+        # /tmp first: a folder of the allow-list under the host's /tmp (a virtual environment or a toolchain
+        # unpacked there) is then bound on top of the fresh tmpfs instead of being hidden by it.
+        args += ["--tmpfs", "/tmp"]
         for path in self.mounts.read_only:
             args += ["--ro-bind", path, path]
         args += ["--dev", "/dev"]
         for path in self.mounts.devices:
             args += ["--dev-bind", path, path]
-        args += ["--proc", "/proc", "--tmpfs", "/tmp", "--bind", str(workspace), "/workspace",
-                 "--bind", str(cache), "/cache"]
+        args += ["--proc", "/proc", "--bind", str(workspace), "/workspace", "--bind", str(cache), "/cache"]
         for host, inside in read_only:
             args += ["--ro-bind", str(host), inside]
         args += ["--ro-bind", str(command_file), COMMAND_PATH]
@@ -228,6 +236,7 @@ def host_mounts(environ: Mapping[str, str]) -> Mounts:
     env_dirs = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
                 str(Path(sys.executable).resolve().parent.parent), *python_paths]
     env_dirs += [d for d in (environ.get("LD_LIBRARY_PATH") or "").split(os.pathsep) if d and os.path.isdir(d)]
+    env_dirs += toolchain_dirs(environ)
     for folder in env_dirs:
         real = os.path.realpath(folder)
         if os.path.isdir(real) and not _under_any(real, read_only):
@@ -235,6 +244,27 @@ def host_mounts(environ: Mapping[str, str]) -> Mounts:
     devices = sorted({str(p) for g in _DEVICE_GLOBS for p in Path("/dev").glob(g)})
     return Mounts(read_only=tuple(read_only), devices=tuple(devices), symlinks=tuple(symlinks),
                   python_paths=tuple(python_paths))
+
+
+def toolchain_dirs(environ: Mapping[str, str]) -> list[str]:
+    """Folders of the toolchains :data:`TOOLCHAIN_VARS` name: for a file, its folder, or that folder's parent when
+    it is a ``bin`` folder (so ``lib``/``libexec`` beside it come along); for a folder, itself; both for the path
+    as written and for its target when it is a link. Skipped: relative paths, missing ones, ``/`` and any folder
+    holding the user's home (the shell must never see it)."""
+    home = os.path.realpath(os.path.expanduser("~"))
+    out: list[str] = []
+    for name in TOOLCHAIN_VARS:
+        value = (environ.get(name) or "").strip()
+        if not value or not os.path.isabs(value) or not os.path.exists(value):
+            continue
+        for path in dict.fromkeys((os.path.abspath(value), os.path.realpath(value))):
+            folder = path if os.path.isdir(path) else os.path.dirname(path)
+            if os.path.basename(folder) == "bin":
+                folder = os.path.dirname(folder)
+            if folder in ("", "/") or _contains(folder, home) or folder in out:
+                continue
+            out.append(folder)
+    return out
 
 
 def sandbox_env(environ: Mapping[str, str], mounts: Mounts) -> dict[str, str]:

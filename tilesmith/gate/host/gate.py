@@ -49,7 +49,7 @@ from tilesmith import settings
 from tilesmith.errors import WorkerError
 from tilesmith.gate import torchstate
 from tilesmith.gate.host import report as reports
-from tilesmith.gate.host import standby, stats
+from tilesmith.gate.host import standby, stats, timing
 from tilesmith.gate.host.compare import TOLERANCES
 from tilesmith.gate.host.memory import MemoryPlan, plan_from
 from tilesmith.gate.host.phase import PhaseConfig, PhaseResult, Variants, run_phase, status_for
@@ -166,7 +166,8 @@ class Gate:
             self.expected = self.captured.expected_specs()
             mutated_bytes = sum(int(t.numel() * t.element_size()) for t in self.captured.mutated.values())
             self.reference.expected_bytes = self.captured.total_bytes() + mutated_bytes
-            self.fsize_limit = max(1 << 30, 8 * self.captured.total_bytes())
+            self.fsize_limit = max(1 << 30, 8 * self.captured.total_bytes(),
+                                   timing.spot_file_limit(self.reference.expected_bytes))
             self.uses_rng = bool(init.get("uses_rng"))
             self.tf32 = self._uses_tf32()
             self.policy = Variants(list(init.get("scale_ladder") or []), accumulates(problem.original_source))

@@ -311,7 +311,7 @@ def _run(result: PhaseResult, worker: WorkerProcess, candidate_source: str, refe
     arms = ["inc", "cand", "orig"] if incumbent is not None else ["orig", "cand"]
     holders = {"orig": reference.worker, "cand": worker, **({"inc": incumbent} if incumbent is not None else {})}
     sched = timing.make_schedule(arms, [cfg.base, cfg.base], cfg.pairs, derive_seed(seed_key, "schedule"),
-                                 static=cfg.static_input_idxs)
+                                 static=cfg.static_input_idxs, output_bytes=cfg.expected_bytes)
     per_sample = max(cfg.max_sample_ms, 2 * cfg.ref_call_ms)
     predicted = timing.predicted_s(cfg.pairs, len(arms), per_sample, cfg.ref_call_ms)
     run = timing.TimingRun(holders=holders, untrusted=cfg.untrusted(), pool=phase_inputs.pool, target_ms=cfg.target_ms,

@@ -54,6 +54,28 @@ MIN_FLUSH_BYTES = {"cuda": 64 * 1024 * 1024, "cpu": 32 * 1024 * 1024}
 #: in the trusted worker and one output copy.
 SPOT_CHECKS = 12
 SPOT_CHECKS_BASELINE = 2
+#: Bytes of spot-check outputs one worker writes for one timing run: past it, fewer candidate rounds are checked
+#: (:func:`spot_count`; at least one per look block), so that a graph with a 1 GiB output writes and the host
+#: reads a few GiB per phase, not 13.
+SPOT_BYTES = 2 << 30
+
+
+def spot_count(output_bytes: int, rounds: int) -> int:
+    """Candidate rounds to spot-check in a run of ``rounds``: :data:`SPOT_CHECKS`, fewer where that many copies
+    of ``output_bytes`` (one call's outputs) would pass :data:`SPOT_BYTES` (the host adds the last sample),
+    never fewer than one per look block of the sequential rule."""
+    blocks = len(stats.looks(rounds)) if rounds > 0 else 1
+    if output_bytes <= 0:
+        return SPOT_CHECKS
+    return max(blocks, min(SPOT_CHECKS, SPOT_BYTES // output_bytes - 1))
+
+
+def spot_file_limit(output_bytes: int) -> int:
+    """An upper bound on the spot-check file of one worker in one run, in bytes: every candidate round checked,
+    the last sample, and the baseline checks of an arm it might hold, plus 64 MiB of serialization overhead.
+    The gate's ``RLIMIT_FSIZE`` for candidate workers stays above it (seen on the H200: a limit of 8× the
+    outputs cut the spot file of an 8192×8192 bf16 output at its eighth copy, ``unexpected pos`` in torch.save)."""
+    return (SPOT_CHECKS + 1 + SPOT_CHECKS_BASELINE) * max(0, int(output_bytes)) + (64 << 20)
 #: Bytes that ``k`` live input sets plus ``k`` output sets may take in each timing worker: this fraction of the
 #: smallest free device memory the workers reported after warm-up, shared among them (the rest stays for the
 #: wrappers' intermediates); on the CPU (test mode) a fixed amount.
@@ -83,7 +105,7 @@ def flush_bytes(device: torch.device) -> int:
 
 
 def make_schedule(arms: list[str], pool: list[list[Any]], rounds: int, seed: int,
-                  static: Any = (), trusted: Any = ("orig",)) -> Schedule:
+                  static: Any = (), trusted: Any = ("orig",), output_bytes: int = 0) -> Schedule:
     """Random arm order per round, random input set per round, exact sign/power-of-two factors, roll offsets
     (all deterministic in ``seed``), and the spot-checked samples (from ``secrets``: not derivable from
     anything the candidate can see). ``pool``: one value list per pool set (only the first's kinds of inputs —
@@ -95,7 +117,8 @@ def make_schedule(arms: list[str], pool: list[list[Any]], rounds: int, seed: int
     buffer per call.
 
     Spot checks: in every block of :data:`tilesmith.gate.host.stats.LOOK_EVERY` rounds, its share of
-    :data:`SPOT_CHECKS` candidate rounds (the host adds the last sample taken when the run stops), and
+    :func:`spot_count` candidate rounds (:data:`SPOT_CHECKS`, fewer for outputs of ``output_bytes`` bytes per
+    call past :data:`SPOT_BYTES`; the host adds the last sample taken when the run stops), and
     :data:`SPOT_CHECKS_BASELINE` rounds of every arm not in ``trusted``.
     """
     gen = torch.Generator().manual_seed(int(seed))
@@ -112,7 +135,7 @@ def make_schedule(arms: list[str], pool: list[list[Any]], rounds: int, seed: int
     start = 0
     for end in stats.looks(rounds):
         block = range(start, end)
-        share = max(1, round(SPOT_CHECKS * len(block) / rounds))
+        share = max(1, round(spot_count(output_bytes, rounds) * len(block) / rounds))
         picks |= set(secret.sample(block, min(share, len(block))))
         start = end
     spots = [(r, cand) for r in sorted(picks)]
