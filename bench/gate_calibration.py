@@ -8,8 +8,11 @@ quiescence, the sequential rule):
    candidate processes; a "gate" is a measurement and a confirmation in two *different* candidate processes
    against the trusted worker, each the production timing run (``host.timing.run_timing``: random arm order,
    in-place input refresh, L2 flush, whole-device synchronize, CUDA events, the other processes stopped, the
-   sequential stop), accepted only when both pass the rule. The per-process median A/A speedup is reported too
-   (a process-level bias would show there first).
+   sequential stop), accepted only when both pass the rule. With the gate's in-process control arm (default;
+   ``--no-control`` times without it) every candidate worker also holds the baseline's code as ``ctl`` and the
+   rule decides on candidate vs control; the per-process median of the candidate's ratio over the trusted worker
+   (``cross_process``) is reported beside the rule's ratio (a process-level bias shows there: on the H200,
+   2026-12-02, without the control it was 1.010–1.024 in all four candidate processes and 1 of 75 A/A gates passed).
 2. **True-gain acceptance rate** — the baseline is an incumbent worker holding the original plus a calibrated
    extra kernel (``torch.cuda._sleep``) adding ≈ 5 %, the candidate the original (speedup ≈ 1.05), with the
    original as third arm as in later loops.
@@ -53,7 +56,7 @@ from tests import gate_support as gs  # noqa: E402
 from tilesmith import settings  # noqa: E402
 from tilesmith.gate import Gate  # noqa: E402
 from tilesmith.gate.host import stats, timing  # noqa: E402
-from tilesmith.gate.host.phase import derive_seed  # noqa: E402
+from tilesmith.gate.host.phase import control_copy, derive_seed  # noqa: E402
 from tilesmith.gate.inputs import recipe  # noqa: E402
 from tilesmith.records import Candidate  # noqa: E402
 
@@ -125,14 +128,18 @@ class Trials:
     """Long-lived candidate workers holding the original's source as ``cand`` (and an incumbent worker with a
     slowed original as ``inc``), timed against the gate's trusted worker with the production timing run."""
 
-    def __init__(self, gate: Gate, workers: int) -> None:
+    def __init__(self, gate: Gate, workers: int, control: bool = True) -> None:
         self.gate = gate
         self.cfg = gate._config()
+        self.control = control
         self.workers = [gate._take_worker() for _ in range(max(2, workers))]
         for w in self.workers:
             self._load(w, "cand", gate.problem.original_source)
+            if control:  # the gate's in-process control arm: the baseline's code in the candidate's process
+                self._load(w, "ctl", control_copy(gate.problem.original_source))
         self.pool = [recipe("normal", 0), recipe("random", 4242)]
         self.incumbent: Any = None
+        self.last_cross = float("nan")
 
     @staticmethod
     def _load(worker: Any, name: str, source: str) -> None:
@@ -145,6 +152,9 @@ class Trials:
             self.incumbent.kill()
         self.incumbent = self.gate._take_worker()
         self._load(self.incumbent, "inc", source)
+        if self.control:
+            for w in self.workers:
+                self._load(w, "ctl", control_copy(source))
 
     def phase(self, worker: Any, seed: int, with_incumbent: bool, pairs: int) -> tuple[str, stats.PairedStats, int]:
         """One production timing run; (decision, statistic with the looks' interval, rounds run)."""
@@ -152,6 +162,9 @@ class Trials:
         holders = {"orig": self.gate._trusted, "cand": worker}
         if with_incumbent:
             holders["inc"] = self.incumbent
+        if self.control:
+            arms.append("ctl")
+            holders["ctl"] = worker
         sched = timing.make_schedule(arms, [self.gate.base_inputs] * 2, pairs, seed,
                                      output_bytes=self.gate.reference.expected_bytes)
         run = timing.TimingRun(holders=holders, untrusted=self.gate._untrusted(), pool=self.pool,
@@ -159,15 +172,21 @@ class Trials:
                                flush=timing.flush_bytes(self.gate.device), expected=self.cfg.expected,
                                start_timeout_s=600, sample_timeout_s=120, spot_dir=worker.dir,
                                baseline="inc" if with_incumbent else "orig", min_improvement=self.gate.min_improvement,
-                               decision_seed=seed + 1, allowance=self.gate.allowance)
+                               decision_seed=seed + 1, allowance=self.gate.allowance,
+                               control="ctl" if self.control else None)
         answer = timing.run_timing(run, sched)
         if not answer.get("ok"):
             raise RuntimeError(f"timing failed: {answer.get('error')}")
         for spot in (answer.get("spots") or {}).values():
             if spot.get("spot_path"):
                 Path(spot["spot_path"]).unlink(missing_ok=True)
-        t = timing.build_timing(answer, sched, "inc" if with_incumbent else "orig", seed + 2)
-        st = stats.PairedStats(t.speedup, t.ci_low, t.ci_high, len(t.baseline_ms))
+        t = timing.build_timing(answer, sched, "inc" if with_incumbent else "orig", seed + 2,
+                                control="ctl" if self.control else None)
+        self.last_cross = t.speedup  # over the baseline in its own process (the trusted or incumbent worker)
+        if self.control and t.speedup_vs_control is not None and t.speedup_vs_control_ci is not None:
+            st = stats.PairedStats(t.speedup_vs_control, *t.speedup_vs_control_ci, len(t.candidate_ms))
+        else:
+            st = stats.PairedStats(t.speedup, t.ci_low, t.ci_high, len(t.baseline_ms))
         decision = answer.get("decision") or stats.classify(st, self.gate.min_improvement, self.gate.allowance)
         return decision, st, int(answer.get("rounds_run") or len(t.baseline_ms))
 
@@ -182,7 +201,7 @@ class Trials:
             second = self.workers[(g + 1) % len(self.workers)]
             d1, st1, n1 = self.phase(first, derive_seed(seed, g, 1), with_incumbent, pairs)
             row = {"measurement": st1.speedup, "measurement_ci": [st1.ci_low, st1.ci_high], "pairs": n1,
-                   "first_passed": d1 == "pass", "worker": g % len(self.workers)}
+                   "cross_process": self.last_cross, "first_passed": d1 == "pass", "worker": g % len(self.workers)}
             if d1 == "pass":
                 d2, st2, n2 = self.phase(second, derive_seed(seed, g, 2), with_incumbent, pairs)
                 row.update(confirmation=st2.speedup, pairs=n1 + n2)
@@ -231,6 +250,7 @@ def summary(rows: list[dict[str, Any]], seconds: float, workers: int) -> dict[st
     if not rows:
         return {"gates": 0, "accepted": 0, "first_phase_passed": 0, "median_speedup": float("nan"),
                 "median_speedup_per_worker": {}, "mean_pairs_per_gate": 0.0, "seconds": seconds,
+                "median_cross_process": float("nan"), "cross_process_per_worker": {},
                 "seconds_per_gate": float("nan"), "speedups": []}
     per_worker = {w: statistics.median([r["measurement"] for r in rows if r["worker"] == w])
                   for w in range(workers) if any(r["worker"] == w for r in rows)}
@@ -238,6 +258,9 @@ def summary(rows: list[dict[str, Any]], seconds: float, workers: int) -> dict[st
             "first_phase_passed": sum(r["first_passed"] for r in rows),
             "median_speedup": statistics.median(r["measurement"] for r in rows),
             "median_speedup_per_worker": per_worker, "mean_pairs_per_gate": statistics.mean(r["pairs"] for r in rows),
+            "median_cross_process": statistics.median(r["cross_process"] for r in rows),
+            "cross_process_per_worker": {w: statistics.median([r["cross_process"] for r in rows if r["worker"] == w])
+                                         for w in range(workers) if any(r["worker"] == w for r in rows)},
             "seconds": seconds, "seconds_per_gate": seconds / max(1, len(rows)),
             "speedups": [round(r["measurement"], 5) for r in rows]}
 
@@ -321,6 +344,8 @@ def main() -> int:
     parser.add_argument("--aa-workers", type=int, default=4, help="candidate processes the trials rotate over")
     parser.add_argument("--pairs", type=int, default=None, help="most pairs per phase (default TILESMITH_GATE_PAIRS)")
     parser.add_argument("--wall-repeats", type=int, default=3, help="full evaluations per kind and graph")
+    parser.add_argument("--no-control", action="store_true",
+                        help="the rule without the in-process control arm (candidate vs the trusted worker alone)")
     parser.add_argument("--graphs", default="mlp_block_fp32,gelu_matmul_bf16", help="comma-separated; none: only --memory")
     parser.add_argument("--memory", action="store_true", help="also the big-tensor and too-big cases")
     parser.add_argument("--quick", action="store_true", help="--aa 100 --gain 40 --wall-repeats 2 (≤ 5 min on the H200)")
@@ -375,7 +400,8 @@ def main() -> int:
                     profiles_dir=work / name / "profiles", timing_pairs=pairs)
         row["gate_start_s"] = round(time.monotonic() - t0, 2)
         row["original_call_ms"] = gate.captured.wall_ms
-        trials = Trials(gate, args.aa_workers)
+        trials = Trials(gate, args.aa_workers, control=not args.no_control)
+        gate.control = not args.no_control
         try:
             slow_source, amount, ratio = calibrate_extra(trials, cap.source, args.device, 0.05, pairs)
             row["extra_work"] = {"amount": amount, "unit": "seconds" if args.device == "cpu" else "cycles",
@@ -425,7 +451,8 @@ def print_table(results: dict[str, Any]) -> None:
                   f"{r['accepted'] / max(1, r['gates']):>8.1%} {r['first_phase_passed']:>9} {r['median_speedup']:>8.4f} "
                   f"{r['mean_pairs_per_gate']:>6.1f} {r['seconds_per_gate']:>7.2f}")
         print(f"  A/A median speedup per candidate process: "
-              f"{ {k: round(v, 4) for k, v in row['aa']['median_speedup_per_worker'].items()} }")
+              f"{ {k: round(v, 4) for k, v in row['aa']['median_speedup_per_worker'].items()} }; over the trusted "
+              f"worker (cross-process): { {k: round(v, 4) for k, v in row['aa']['cross_process_per_worker'].items()} }")
         walls = ", ".join(f"{w['kind']}: {w['wall_s']:.1f} s ({w['status']})" for w in row["gate_wall"])
         print(f"  gate start {row['gate_start_s']} s; wall time per candidate — {walls}")
         print(f"  extra work on the incumbent: {row['extra_work']}")

@@ -163,3 +163,27 @@ def test_sequential_rule_stops_after_the_first_look_at_low_noise():
     gain_rate, gain_used = _sequential_rate(0.05, 0.01, trials=100, seed=14)
     assert aa_rate == 0.0 and aa_used <= 12  # one phase, (almost always) its first look
     assert gain_rate >= 0.99 and gain_used <= 21  # two phases of 10 pairs
+
+
+def _samples(level: float, n: int, seed: int, noise: float = 0.004) -> list[float]:
+    gen = np.random.default_rng(seed)
+    return [float(v) for v in level * (1.0 + noise * gen.standard_normal(n))]
+
+
+def test_controlled_rule_ignores_a_process_bias_that_passes_the_cross_process_rule():
+    """The H200 case: the same code, 3 % slower in the trusted worker than in the candidate's process."""
+    cand, ctl, trusted = _samples(1.0, 30, 1), _samples(1.0, 30, 2), _samples(1.03, 30, 3)
+    assert stats.decide(trusted, cand, 30, 0.02)[0] == "pass"  # the old rule: an A/A candidate accepted
+    decision, st = stats.decide_controlled(trusted, ctl, cand, 30, 0.02)
+    assert decision != "pass" and abs(st.speedup - 1.0) < 0.01
+
+
+def test_controlled_rule_passes_a_true_gain_and_guards_against_a_slowed_control():
+    cand, ctl, trusted = _samples(1.0, 30, 4), _samples(1.05, 30, 5), _samples(1.05, 30, 6)
+    decision, st = stats.decide_controlled(trusted[:10], ctl[:10], cand[:10], 30, 0.02)
+    assert decision == "pass" and st.speedup > 1.04  # a 5 % gain passes at the first look
+    slowed = _samples(1.10, 30, 7)  # the candidate slowed its own process's control: 10 % "faster" than it,
+    behind = _samples(0.95, 30, 8)  # but 5 % slower than the baseline in its own process
+    assert stats.decide(slowed[:10], cand[:10], 30, 0.02)[0] == "pass"
+    assert stats.decide_controlled(behind[:10], slowed[:10], cand[:10], 30, 0.02)[0] == "continue"
+    assert stats.decide_controlled(behind, slowed, cand, 30, 0.02)[0] == "marginal"

@@ -456,19 +456,25 @@ def test_census_explains_pytorchs_autograd_threads_that_share_one_name():
 
     stop = threading.Event()
     try:
-        census = ThreadCensus()
+        def named(name: str) -> int:
+            return list(os_threads().values()).count(name)
+
+        def wait_for(name: str, count: int) -> None:
+            deadline = time.monotonic() + 5
+            while named(name) < count and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert named(name) == count
+
+        census = ThreadCensus()  # earlier tests' backward passes may have started real autograd threads
+        before = named("pt_autograd_0")
         for _ in range(4):  # the engine starts pt_autograd_0 once per device type it knows (H200: four)
             _thread.start_new_thread(_native_named, (b"pt_autograd_0", stop))
-        deadline = time.monotonic() + 5
-        while list(os_threads().values()).count("pt_autograd_0") < 4 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert list(os_threads().values()).count("pt_autograd_0") == 4
+        wait_for("pt_autograd_0", before + 4)
         assert census.unexplained(()) == []
+        before = named("helper")
         for _ in range(2):  # any other shared name stays an inherited name, reported
             _thread.start_new_thread(_native_named, (b"helper", stop))
-        deadline = time.monotonic() + 5
-        while list(os_threads().values()).count("helper") < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for("helper", before + 2)
         lines = census.unexplained(())
         assert len(lines) == 2 and all("'helper'" in line and "inherited name" in line for line in lines), lines
     finally:

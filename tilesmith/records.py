@@ -149,6 +149,11 @@ class Timing:
     speedup_vs_original: float | None = None
     speedup_vs_original_ci: tuple[float, float] | None = None
     """95 % percentile-bootstrap interval of ``speedup_vs_original`` (same construction as ``ci_low``/``ci_high``)."""
+    control_ms: tuple[float, ...] | None = None
+    """Samples of the baseline's code timed in the candidate's own process (the gate's in-process control arm)."""
+    speedup_vs_control: float | None = None
+    """Median per-pair ratio control / candidate: what the gate's rule decides on when a control arm ran."""
+    speedup_vs_control_ci: tuple[float, float] | None = None
 
     @property
     def baseline_median_ms(self) -> float:

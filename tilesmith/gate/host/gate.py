@@ -122,6 +122,10 @@ class Gate:
         self.max_sample_ms = max(SAMPLE_MAX_MS[self.device.type], 4 * self.target_ms)
         self.spare_count = int(spares if spares is not None else (2 if self.device.type == "cuda" else 1))
         self.allowance = stats.CPU_PROCESS_ALLOWANCE if self.device.type == "cpu" else 0.0
+        self.control = True
+        """Decide on the candidate against the baseline's code timed in the candidate's own process (arm ``ctl``;
+        :func:`tilesmith.gate.host.stats.decide_controlled`); the baseline in its own process guards the pass."""
+        self._incumbent_source: str | None = None
         self.preload = self.device.type == "cuda"
         self.second_trusted = True
         """The confirmation is timed against a second trusted worker (the original only, too), so measurement and
@@ -313,6 +317,7 @@ class Gate:
             return None, fails
         worker.saw.add(digest)
         self._incumbent = (digest, worker)
+        self._incumbent_source = incumbent.source
         return worker, []
 
     def _untrusted(self) -> list[WorkerProcess]:
@@ -361,15 +366,17 @@ class Gate:
             ref_call_ms=self.captured.wall_ms, target_ms=self.target_ms, max_sample_ms=self.max_sample_ms,
             base=self.base_inputs, memory=self.memory, min_improvement=self.min_improvement,
             untrusted=self._untrusted, trusted_counts=self._observe_trusted,
-            static_input_idxs=self.problem.static_input_idxs, allowance=self.allowance)
+            static_input_idxs=self.problem.static_input_idxs, allowance=self.allowance, control=self.control)
 
     def _phase(self, name: str, worker: WorkerProcess, candidate: Candidate, incumbent: WorkerProcess | None,
                eval_id: str, load_rid: int | None = None,
                on_loaded: Callable[[], None] | None = None) -> PhaseResult:
         reference = self._confirmation_reference() if name == "confirmation" else self.reference
+        baseline = self.problem.original_source if incumbent is None else self._incumbent_source
         return run_phase(name, worker, candidate_source=candidate.source, reference=reference,
                          policy=self.policy, cfg=self._config(), files_dir=self.files,
-                         seed_key=f"{eval_id}:{name}", incumbent=incumbent, load_rid=load_rid, on_loaded=on_loaded)
+                         seed_key=f"{eval_id}:{name}", incumbent=incumbent, load_rid=load_rid, on_loaded=on_loaded,
+                         baseline_source=baseline)
 
     def _evaluate(self, candidate: Candidate, incumbent: Candidate | None, recheck: bool) -> Verdict:
         started = time.monotonic()
@@ -450,6 +457,11 @@ class Gate:
         if phase.decision in ("pass", "slower", "marginal"):
             return phase.decision
         t = phase.timing
+        if t.speedup_vs_control is not None and t.speedup_vs_control_ci is not None:  # the in-process control
+            lo, hi = t.speedup_vs_control_ci
+            verdict = stats.classify(stats.PairedStats(t.speedup_vs_control, lo, hi, len(t.candidate_ms)),
+                                     self.min_improvement, self.allowance)
+            return "marginal" if verdict == "pass" and t.speedup < 1.0 - self.allowance else verdict
         return stats.classify(stats.PairedStats(t.speedup, t.ci_low, t.ci_high, len(t.baseline_ms)),
                               self.min_improvement, self.allowance)
 
@@ -470,6 +482,11 @@ class Gate:
                 f"{t.ci_low:.4f}–{t.ci_high:.4f}, {len(t.baseline_ms)} paired samples of {t.calls_per_sample} "
                 f"calls); acceptance needs a median ≥ {bar:.4f} and a CI lower bound > {1.0 + self.allowance / 2:g}"
                 + (" (CPU test mode: a per-process allowance, see docs/gate.md)" if self.allowance else ""))
+        if t.speedup_vs_control is not None and t.speedup_vs_control_ci is not None:
+            lo, hi = t.speedup_vs_control_ci
+            text += (f"; the rule's comparison, over the same code timed in the candidate's own process, is "
+                     f"{t.speedup_vs_control:.4f} (CI {lo:.4f}–{hi:.4f}), and a pass also needs the speedup over "
+                     f"{baseline} in its own process ≥ {1.0 - self.allowance:g}")
         if kind == "slower":
             status, text = "rejected_slower", text + ". The candidate is slower."
         elif kind == "unconfirmed":

@@ -63,6 +63,9 @@ class PhaseConfig:
     sequential: bool = True
     allowance: float = 0.0
     """Per-process bias allowance of the rule (:data:`tilesmith.gate.host.stats.CPU_PROCESS_ALLOWANCE` on the CPU)."""
+    control: bool = True
+    """Time the baseline's code in the candidate's own worker too (arm ``ctl``) and decide on candidate vs that
+    control (:func:`tilesmith.gate.host.stats.decide_controlled`)."""
 
 
 @dataclass
@@ -182,17 +185,19 @@ class PhaseInputs:
 def run_phase(name: str, worker: WorkerProcess, *, candidate_source: str, reference: TrustedReference,
               policy: Variants, cfg: PhaseConfig, files_dir: Path, seed_key: str,
               incumbent: WorkerProcess | None = None, load_rid: int | None = None,
-              on_loaded: Callable[[], None] | None = None) -> PhaseResult:
+              on_loaded: Callable[[], None] | None = None, baseline_source: str | None = None) -> PhaseResult:
     """Run one phase; worker failures (crash, hang, protocol) become failures, never exceptions. ``load_rid``:
     the candidate's ``load`` request was already sent to ``worker`` (a preloaded confirmation worker);
-    ``on_loaded`` is called once the candidate imported cleanly (the gate then preloads the confirmation)."""
+    ``on_loaded`` is called once the candidate imported cleanly (the gate then preloads the confirmation);
+    ``baseline_source``: the baseline's code (the original, or the incumbent), loaded into ``worker`` as the
+    in-process control arm when ``cfg.control``."""
     result = PhaseResult(name)
     rec = result.record
     rec.update(name=name, worker_pid=worker.pid, trusted_pid=reference.worker.pid,
                incumbent_pid=incumbent.pid if incumbent is not None else None)
     try:
         _run(result, worker, candidate_source, reference, policy, cfg, files_dir, seed_key, incumbent, load_rid,
-             on_loaded)
+             on_loaded, baseline_source if cfg.control else None)
     except WorkerTimedOut as exc:
         result.failures.append(CheckFailure("timeout", f"{exc} (phase {name}); the worker was killed. Look for an "
                                                        f"infinite loop, a deadlock or a kernel that never ends; "
@@ -231,7 +236,7 @@ def _os_failures(worker: WorkerProcess, cfg: PhaseConfig, where: str, rec: dict[
 
 def _run(result: PhaseResult, worker: WorkerProcess, candidate_source: str, reference: TrustedReference,
          policy: Variants, cfg: PhaseConfig, files_dir: Path, seed_key: str, incumbent: WorkerProcess | None,
-         load_rid: int | None, on_loaded: Callable[[], None] | None) -> None:
+         load_rid: int | None, on_loaded: Callable[[], None] | None, control_source: str | None = None) -> None:
     rec = result.record
     seeds = {v: derive_seed(seed_key, v) for v in ("normal", *RANDOM_KEYS, "zero", "high_magnitude", "pool")}
     rec["seeds"] = seeds
@@ -310,6 +315,23 @@ def _run(result: PhaseResult, worker: WorkerProcess, candidate_source: str, refe
     t1 = time.monotonic()
     arms = ["inc", "cand", "orig"] if incumbent is not None else ["orig", "cand"]
     holders = {"orig": reference.worker, "cand": worker, **({"inc": incumbent} if incumbent is not None else {})}
+    if control_source is not None:
+        # The baseline's code in the candidate's own process: imported after the candidate's checks, so that
+        # those ran on the candidate alone; the rule then compares two arms that share every process factor.
+        answer = worker.request("load", cfg.worker_timeout_s, "loading the in-process control (the baseline's "
+                                "code)", name="ctl", source=control_copy(control_source))
+        if not answer.get("ok"):
+            err = answer.get("error", {})
+            result.failures.append(CheckFailure("load_error", f"the baseline's own code failed to import in the "
+                                                              f"candidate's process after the candidate: "
+                                                              f"{err.get('type')}: {str(err.get('message', ''))[:600]}"))
+            return
+        result.failures += answers.global_failures(answer.get("facts", {}), "importing the control")
+        if result.failures:
+            return
+        arms.append("ctl")
+        holders["ctl"] = worker
+        rec["control_load_s"] = round(time.monotonic() - t1, 3)
     sched = timing.make_schedule(arms, [cfg.base, cfg.base], cfg.pairs, derive_seed(seed_key, "schedule"),
                                  static=cfg.static_input_idxs, output_bytes=cfg.expected_bytes)
     per_sample = max(cfg.max_sample_ms, 2 * cfg.ref_call_ms)
@@ -320,7 +342,7 @@ def _run(result: PhaseResult, worker: WorkerProcess, candidate_source: str, refe
                            sample_timeout_s=cfg.run_timeout_s + 3 * per_sample / 1e3, spot_dir=worker.dir,
                            baseline="inc" if incumbent is not None else "orig", min_improvement=cfg.min_improvement,
                            decision_seed=derive_seed(seed_key, "bootstrap"), sequential=cfg.sequential,
-                           allowance=cfg.allowance)
+                           allowance=cfg.allowance, control="ctl" if "ctl" in holders else None)
     answer = timing.run_timing(run, sched)
     rec["timing_s"] = round(time.monotonic() - t1, 3)
     rec["timing_spots"] = [list(p) for p in sched.picks]
@@ -354,9 +376,19 @@ def _run(result: PhaseResult, worker: WorkerProcess, candidate_source: str, refe
     if result.failures:
         return
     result.timing = timing.build_timing(answer, sched, "inc" if incumbent is not None else "orig",
-                                        derive_seed(seed_key, "bootstrap"))
+                                        derive_seed(seed_key, "bootstrap"), control="ctl" if "ctl" in holders else None)
     result.decision = answer.get("decision")
     rec["timing"] = result.timing
+
+
+CONTROL_MARK = "\n# tilesmith: the in-process control arm (the baseline's code, timed beside the candidate)\n"
+
+
+def control_copy(source: str) -> str:
+    """The baseline's source with :data:`CONTROL_MARK` appended: another Inductor code-cache key, so the control
+    is a module of its own (never the candidate's module when their sources are equal, never an entry the
+    candidate could have put in the code cache under the baseline's key); its kernels are the same cache hits."""
+    return source + CONTROL_MARK
 
 
 def name_tag(name: str) -> str:

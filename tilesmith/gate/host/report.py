@@ -123,6 +123,11 @@ def _timing_lines(name: str, t: dict[str, Any] | None) -> list[str]:
     if t.get("original_ms"):
         lines.append(f"    original Inductor median {median(t['original_ms']):.5f} ms/call, "
                      f"speedup vs original {t.get('speedup_vs_original') or float('nan'):.4f}")
+    if t.get("control_ms"):
+        lo, hi = t.get("speedup_vs_control_ci") or (float("nan"), float("nan"))
+        lines.append(f"    in-process control (the baseline's code in the candidate's process) median "
+                     f"{median(t['control_ms']):.5f} ms/call, speedup vs control "
+                     f"{t.get('speedup_vs_control') or float('nan'):.4f} ({lo:.4f} .. {hi:.4f}): the rule's comparison")
     return lines
 
 

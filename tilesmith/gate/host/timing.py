@@ -216,6 +216,9 @@ class TimingRun:
     budget_bytes: int | None = None
     sequential: bool = True
     allowance: float = 0.0
+    control: str | None = None
+    """Arm holding the baseline's code in the candidate's own worker: the sequential looks then decide with
+    :func:`tilesmith.gate.host.stats.decide_controlled` (candidate vs control, guarded by the baseline)."""
 
 
 def run_timing(run: TimingRun, schedule: Schedule) -> dict[str, Any]:
@@ -356,8 +359,13 @@ def _run(run: TimingRun, schedule: Schedule, arms: list[str], workers: list[Any]
         if stop_facts:
             break
         if rounds_run in looks:
-            decision, _ = stats.decide(samples[base_idx], samples[cand_idx], len(schedule.rounds),
-                                       run.min_improvement, seed=run.decision_seed, allowance=run.allowance)
+            if run.control is not None:
+                decision, _ = stats.decide_controlled(samples[base_idx], samples[arms.index(run.control)],
+                                                      samples[cand_idx], len(schedule.rounds), run.min_improvement,
+                                                      seed=run.decision_seed, allowance=run.allowance)
+            else:
+                decision, _ = stats.decide(samples[base_idx], samples[cand_idx], len(schedule.rounds),
+                                           run.min_improvement, seed=run.decision_seed, allowance=run.allowance)
             if decision != "continue":
                 break
             decision = None
@@ -470,9 +478,11 @@ def _compare_spot(ref: RefResult, outs: list[Any], where: str, tf32: bool) -> li
     return fails
 
 
-def build_timing(answer: dict[str, Any], schedule: Schedule, baseline: str, seed: int) -> Timing:
+def build_timing(answer: dict[str, Any], schedule: Schedule, baseline: str, seed: int,
+                 control: str | None = None) -> Timing:
     """The :class:`Timing` record from raw samples: pairs of (baseline, cand) from the same rounds; the interval
-    is the sequential test's corrected one (:func:`tilesmith.gate.host.stats.look_alpha`)."""
+    is the sequential test's corrected one (:func:`tilesmith.gate.host.stats.look_alpha`). With ``control`` (the
+    in-process control arm) also the candidate's ratio over it, which the rule decides on."""
     samples = answer["samples_ms"]
     idx = {name: i for i, name in enumerate(schedule.arms)}
     alpha = stats.look_alpha(len(schedule.rounds))
@@ -488,10 +498,16 @@ def build_timing(answer: dict[str, Any], schedule: Schedule, baseline: str, seed
         original = tuple(float(x) for x in samples[idx["orig"]][:n])
         st_orig = stats.paired_speedup(list(original), cand, seed=seed + 1, alpha=alpha)
         vs_original, vs_original_ci = st_orig.speedup, (st_orig.ci_low, st_orig.ci_high)
+    control_ms = vs_control = vs_control_ci = None
+    if control is not None and control in idx:
+        control_ms = tuple(float(x) for x in samples[idx[control]][:n])
+        st_ctl = stats.paired_speedup(list(control_ms), cand, seed=seed + 2, alpha=alpha)
+        vs_control, vs_control_ci = st_ctl.speedup, (st_ctl.ci_low, st_ctl.ci_high)
     return Timing(method=answer.get("method", "process_cpu_time"), calls_per_sample=int(answer["calls_per_sample"]),
                   baseline_ms=tuple(base), candidate_ms=tuple(cand), speedup=st.speedup, ci_low=st.ci_low,
                   ci_high=st.ci_high, baseline_label="inductor" if baseline == "orig" else "incumbent",
-                  original_ms=original, speedup_vs_original=vs_original, speedup_vs_original_ci=vs_original_ci)
+                  original_ms=original, speedup_vs_original=vs_original, speedup_vs_original_ci=vs_original_ci,
+                  control_ms=control_ms, speedup_vs_control=vs_control, speedup_vs_control_ci=vs_control_ci)
 
 
 def consistency_failure(answer: dict[str, Any], host_wall_ms: float | None = None,

@@ -245,11 +245,13 @@ class Worker:
 
     def op_load(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Import candidate code (``cand``, or ``inc`` in an incumbent worker): the audit hook is armed first.
-        Refused in the trusted worker, which only ever runs the original."""
+        ``ctl`` (the baseline's code, imported after the candidate as the in-process control arm) does not re-arm
+        it: files the candidate wrote stay untrusted. Refused in the trusted worker, which only ever runs the
+        original."""
         if self.role == "trusted":
             raise PermissionError("the trusted worker loads the original wrapper only")
         name = str(msg["name"])
-        if self.auditor is not None:
+        if self.auditor is not None and (name != "ctl" or not self.modules):
             self.auditor.arm()  # every file in the private dir now is trusted; what appears later is not
         t0 = T.perf_ns()
         try:
