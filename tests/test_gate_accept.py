@@ -58,23 +58,37 @@ def test_faster_honest_candidate_is_accepted_after_confirmation(accepted):
         assert t.speedup >= 1.3 and t.ci_low > 1.0
 
 
-def test_the_rule_decides_on_the_baselines_code_timed_in_the_candidates_own_process(accepted):
-    for t in (accepted.timing, accepted.confirmation):  # the in-process control arm (docs/gate.md)
+@pytest.fixture()
+def controlled(gate):
+    gate.control = True  # the in-process control arm (docs/gate.md; off by default until calibrated)
+    yield gate
+    gate.control = False
+
+
+def test_with_the_control_arm_the_rule_decides_on_the_baselines_code_in_the_candidates_process(controlled, chain):
+    verdict = controlled.evaluate(Candidate(source=gs.reassociate_chain(chain.source), proposer="scripted"))
+    assert verdict.status == "accepted", verdict.reasons
+    for t in (verdict.timing, verdict.confirmation):
         assert t.control_ms is not None and len(t.control_ms) == len(t.candidate_ms)
         assert t.speedup_vs_control >= 1.3 and t.speedup_vs_control_ci[0] > 1.0
-    report = json.loads(open(accepted.report_path).read())
+    report = json.loads(open(verdict.report_path).read())
     for phase in report["phases"]:
         assert phase["control_load_s"] >= 0 and phase["timing"]["speedup_vs_control"] >= 1.3
+    assert "in-process control" in open(verdict.report_path[:-5] + ".txt").read()
 
 
-def test_the_control_is_the_incumbents_code_when_there_is_one(gate, chain, accepted):
+def test_the_control_is_the_incumbents_code_when_there_is_one(controlled, chain):
     incumbent = Candidate(source=gs.reassociate_chain(chain.source), proposer="scripted")
     same_again = gs.reassociate_chain(chain.source) + "\n# same code as the incumbent\n"
-    verdict = gate.evaluate(Candidate(source=same_again, proposer="scripted"), incumbent=incumbent)
+    verdict = controlled.evaluate(Candidate(source=same_again, proposer="scripted"), incumbent=incumbent)
     assert verdict.failures == () and not verdict.accepted, verdict.reasons  # A/A against the incumbent
     t = verdict.timing
     assert t.control_ms is not None and abs(t.speedup_vs_control - 1.0) < 0.15  # ctl: the incumbent, not the original
     assert t.speedup_vs_original > 1.3
+
+
+def test_without_the_control_arm_no_control_samples_are_taken(accepted):
+    assert accepted.timing.control_ms is None and accepted.confirmation.speedup_vs_control is None
 
 
 def test_confirmation_runs_in_a_different_fresh_worker(accepted):

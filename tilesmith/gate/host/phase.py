@@ -63,9 +63,9 @@ class PhaseConfig:
     sequential: bool = True
     allowance: float = 0.0
     """Per-process bias allowance of the rule (:data:`tilesmith.gate.host.stats.CPU_PROCESS_ALLOWANCE` on the CPU)."""
-    control: bool = True
+    control: bool = False
     """Time the baseline's code in the candidate's own worker too (arm ``ctl``) and decide on candidate vs that
-    control (:func:`tilesmith.gate.host.stats.decide_controlled`)."""
+    control (:func:`tilesmith.gate.host.stats.decide_controlled`); :attr:`tilesmith.gate.Gate.control` sets it."""
 
 
 @dataclass
