@@ -76,6 +76,8 @@ def spot_file_limit(output_bytes: int) -> int:
     The gate's ``RLIMIT_FSIZE`` for candidate workers stays above it (seen on the H200: a limit of 8× the
     outputs cut the spot file of an 8192×8192 bf16 output at its eighth copy, ``unexpected pos`` in torch.save)."""
     return (SPOT_CHECKS + 1 + SPOT_CHECKS_BASELINE) * max(0, int(output_bytes)) + (64 << 20)
+
+
 #: Bytes that ``k`` live input sets plus ``k`` output sets may take in each timing worker: this fraction of the
 #: smallest free device memory the workers reported after warm-up, shared among them (the rest stays for the
 #: wrappers' intermediates); on the CPU (test mode) a fixed amount.
