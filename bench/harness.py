@@ -11,7 +11,8 @@ for training cases):
 1. **Compile.** Each arm gets its own copy of the module (``bench/arms.py``) and is compiled in the order of
    ``bench.arms.ARMS``; its first call, synchronized, is ``compile_s`` (for Tilesmith: ``first_call_s``, the
    first call including its optimization, and ``decided_s``, until ``tilesmith.wait`` returned: the same
-   unless ``TILESMITH_OPTIMIZE=background``, where the optimization runs after the first call). Then ``warmup`` calls per arm, and one untimed warm-up round.
+   unless ``TILESMITH_OPTIMIZE=background``, where the optimization runs after the first call). Then ``warmup``
+   calls per arm, and one untimed warm-up round.
 2. **Rounds.** ``rounds`` rounds; each round runs every arm's *timed block* once, in the order of
    :func:`bench.stats.round_orders` (shuffled per cycle, rotated per round). A block is ``calls_per_round``
    timed calls; per call: untimed preparation (gradients set to ``None``,

@@ -116,7 +116,8 @@ def benchmarks(model: Any) -> tuple[BenchmarkRecord, ...]:
     ``TILESMITH_CACHE_RECHECK=background`` a graph reused from the artifact cache appears only once its
     re-check has installed it (``tilesmith.wait(model)`` waits; a ``cache_rechecking`` diagnostic says one is
     running), and with ``TILESMITH_OPTIMIZE=background`` an optimized graph once its gate accepted
-    (``optimizing_in_background``). Times are in milliseconds per call, measured by the host gate's confirmation (paired samples,
+    (``optimizing_in_background``). Times are in milliseconds per call, measured by the host gate's confirmation
+    (paired samples,
     median of ratios); for a cache hit, by the re-check's own measurement on this run's inputs (the artifact's
     stored numbers are in the track's ``cache.json``). Under ``torch.distributed`` every rank lists the graphs the
     job installed, with the numbers of the graph's leader, whose global rank is ``measured_by_rank``

@@ -25,7 +25,8 @@ Everything else is reported: a Python thread that runs code of the installed wra
 identifiable (e.g. ``threading.Thread(target=time.sleep)``), and an unnamed native or ``_thread`` thread.
 Limits (docs/verification.md): a thread that has already exited is not seen; a thread running library code
 with no frame from the wrapper is taken for a library's; a native thread that names itself (``pt_autograd_<n>``
-included) is taken for a runtime's; OpenMP threads added later by the user (``torch.set_num_threads`` raised) are reported.
+included) is taken for a runtime's; OpenMP threads added later by the user (``torch.set_num_threads`` raised) are
+reported.
 """
 
 from __future__ import annotations

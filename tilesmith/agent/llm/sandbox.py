@@ -11,7 +11,8 @@ Tilesmith does not build its own sandbox: every command runs under bubblewrap (`
   ``/lib*`` (symlinks kept as symlinks), ``/sys``, a few ``/etc`` files the loader and compilers read
   (:data:`ETC_FILES`), the Python environment (``sys.prefix``, ``sys.base_prefix``, the folders holding ``torch``
   and ``triton``), existing ``LD_LIBRARY_PATH`` folders and the toolchains the environment names
-  (:data:`TOOLCHAIN_VARS`: ``CC=/opt/gcc/bin/gcc`` shows ``/opt/gcc``); a fresh ``/dev`` plus the ``/dev/nvidia*`` devices when
+  (:data:`TOOLCHAIN_VARS`: ``CC=/opt/gcc/bin/gcc`` shows ``/opt/gcc``); a fresh ``/dev`` plus the ``/dev/nvidia*``
+  devices when
   present (the GPU stays visible); a fresh ``/proc``; a per-command ``/tmp`` (tmpfs). Writable: the graph's shell
   workspace (``/workspace``), its cache folder (``/cache``) and ``/tmp``, minus the read-only files bound over
   them; the sandbox's own root is remounted read-only. No

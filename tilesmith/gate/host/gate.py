@@ -127,7 +127,6 @@ class Gate:
         :func:`tilesmith.gate.host.stats.decide_controlled`); the baseline in its own process guards the pass.
         Off until calibrated on the H200: on the CPU (2026-12-02) the in-process A/A ratio was itself biased
         (1.035–1.050 in four processes, unexplained) while the cross-process one was 0.986–1.007 (docs/gate.md)."""
-        self._incumbent_source: str | None = None
         self.preload = self.device.type == "cuda"
         self.second_trusted = True
         """The confirmation is timed against a second trusted worker (the original only, too), so measurement and
@@ -319,7 +318,6 @@ class Gate:
             return None, fails
         worker.saw.add(digest)
         self._incumbent = (digest, worker)
-        self._incumbent_source = incumbent.source
         return worker, []
 
     def _untrusted(self) -> list[WorkerProcess]:
@@ -371,10 +369,11 @@ class Gate:
             static_input_idxs=self.problem.static_input_idxs, allowance=self.allowance, control=self.control)
 
     def _phase(self, name: str, worker: WorkerProcess, candidate: Candidate, incumbent: WorkerProcess | None,
-               eval_id: str, load_rid: int | None = None,
-               on_loaded: Callable[[], None] | None = None) -> PhaseResult:
+               eval_id: str, load_rid: int | None = None, on_loaded: Callable[[], None] | None = None,
+               baseline: str | None = None) -> PhaseResult:
+        """``baseline``: the incumbent's source when ``incumbent`` holds one (the in-process control's code)."""
         reference = self._confirmation_reference() if name == "confirmation" else self.reference
-        baseline = self.problem.original_source if incumbent is None else self._incumbent_source
+        baseline = self.problem.original_source if incumbent is None else baseline
         return run_phase(name, worker, candidate_source=candidate.source, reference=reference,
                          policy=self.policy, cfg=self._config(), files_dir=self.files,
                          seed_key=f"{eval_id}:{name}", incumbent=incumbent, load_rid=load_rid, on_loaded=on_loaded,
@@ -409,6 +408,7 @@ class Gate:
                 return self._reject(status_for(fails), fails, None, None, "incumbent")
         first_worker = self._take_worker(top_up=not recheck)
         preload: dict[str, Any] = {}
+        baseline = incumbent.source if incumbent is not None else None
 
         def start_confirmation() -> None:
             # The confirmation's fresh worker imports the candidate (and compiles its kernels) while the
@@ -420,7 +420,7 @@ class Gate:
             preload["rid"] = worker.send("load", name="cand", source=candidate.source)
 
         first = self._phase("measurement", first_worker, candidate, inc_worker, eval_id,
-                            on_loaded=start_confirmation if self.preload else None)
+                            on_loaded=start_confirmation if self.preload else None, baseline=baseline)
         phases.append(first)
         try:
             if first.failures:
@@ -438,7 +438,8 @@ class Gate:
             else:
                 self._ready(second_worker, "a fresh gate worker")
             self._top_up()
-            second = self._phase("confirmation", second_worker, candidate, inc_worker, eval_id, load_rid=rid)
+            second = self._phase("confirmation", second_worker, candidate, inc_worker, eval_id, load_rid=rid,
+                                 baseline=baseline)
             phases.append(second)
             if second.failures:
                 return self._reject(status_for(second.failures), second.failures, first.timing, None,
@@ -463,7 +464,7 @@ class Gate:
             lo, hi = t.speedup_vs_control_ci
             verdict = stats.classify(stats.PairedStats(t.speedup_vs_control, lo, hi, len(t.candidate_ms)),
                                      self.min_improvement, self.allowance)
-            return "marginal" if verdict == "pass" and t.speedup < 1.0 - self.allowance else verdict
+            return "marginal" if verdict == "pass" and not stats.guard_holds(t.speedup, self.allowance) else verdict
         return stats.classify(stats.PairedStats(t.speedup, t.ci_low, t.ci_high, len(t.baseline_ms)),
                               self.min_improvement, self.allowance)
 

@@ -322,9 +322,9 @@ def _run(result: PhaseResult, worker: WorkerProcess, candidate_source: str, refe
                                 "code)", name="ctl", source=control_copy(control_source))
         if not answer.get("ok"):
             err = answer.get("error", {})
+            why = f"{err.get('type')}: {str(err.get('message', ''))[:600]}"
             result.failures.append(CheckFailure("load_error", f"the baseline's own code failed to import in the "
-                                                              f"candidate's process after the candidate: "
-                                                              f"{err.get('type')}: {str(err.get('message', ''))[:600]}"))
+                                                              f"candidate's process after the candidate: {why}"))
             return
         result.failures += answers.global_failures(answer.get("facts", {}), "importing the control")
         if result.failures:

@@ -140,6 +140,12 @@ def passes(stats: PairedStats, min_improvement: float, allowance: float = 0.0) -
     return stats.speedup >= 1.0 + max(min_improvement, allowance) and stats.ci_low > 1.0 + allowance / 2
 
 
+def guard_holds(speedup_vs_baseline: float, allowance: float = 0.0) -> bool:
+    """The controlled rule's guard: the candidate is not slower than the baseline in its own process (median
+    per-pair ratio ≥ ``1 - allowance``)."""
+    return speedup_vs_baseline >= 1.0 - allowance
+
+
 def decide_controlled(baseline_ms: list[float] | tuple[float, ...], control_ms: list[float] | tuple[float, ...],
                       candidate_ms: list[float] | tuple[float, ...], max_pairs: int, min_improvement: float,
                       seed: int = 0, allowance: float = 0.0) -> tuple[str, PairedStats]:
@@ -158,7 +164,7 @@ def decide_controlled(baseline_ms: list[float] | tuple[float, ...], control_ms: 
     if decision != "pass":
         return decision, st
     guard = paired_speedup(baseline_ms, candidate_ms, seed=seed + 1, alpha=look_alpha(max_pairs))
-    if guard.speedup >= 1.0 - allowance:
+    if guard_holds(guard.speedup, allowance):
         return "pass", st
     return ("marginal" if len(candidate_ms) >= max_pairs else "continue"), st
 
