@@ -157,3 +157,34 @@ def test_quiescence_stop_resume_and_a_worker_that_dies_while_stopped(tmp_path):
     finally:
         worker.kill()
     assert not worker.dir.exists()
+
+
+def test_a_spare_stopped_longer_than_its_start_timeout_still_starts(tmp_path, monkeypatch):
+    """H200 calibration, session 7: a spare candidate worker is stopped while anything is timed; after ~180 s of
+    back-to-back timing runs its start "did not finish within 180 s" although it had barely run. The start
+    timeout counts only the time the worker could run, and waiting for the start resumes a stopped worker."""
+    import time
+
+    from tilesmith.gate.host.process import WorkerProcess
+
+    worker = WorkerProcess(tmp_path, label="stopped spare", device_type="cpu")
+    try:
+        assert worker.stop()
+        time.sleep(1.5)
+        worker.resume()
+        assert worker.stopped_s >= 1.5
+        assert worker.stop()  # stopped again when the gate takes it
+        time.sleep(0.5)
+        deadlines: list[float] = []
+        real = worker._read_message
+
+        def spy(deadline: float, what: str, timeout_s: float) -> dict:
+            deadlines.append(deadline)
+            return real(deadline + 120, what, timeout_s)  # the real wait, with room for a loaded machine
+
+        monkeypatch.setattr(worker, "_read_message", spy)
+        assert worker.wait_ready(30)["type"] == "ready"  # never starts unless the wait resumes it
+        assert not worker.stopped and worker.stopped_s >= 2.0
+        assert abs(deadlines[0] - (worker.started + worker.stopped_s + 30)) < 1e-6
+    finally:
+        worker.kill()

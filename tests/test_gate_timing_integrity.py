@@ -147,6 +147,61 @@ def test_honest_candidate_passes_spot_checks_on_calls_chosen_after_each_sample(t
     assert all(0 <= c < K for _, _, c in sched.picks)
 
 
+class _Recording(_ThreadWorker):
+    """A thread worker that records the phase (and the copies) of every timing request it gets."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.log: list[tuple[str, tuple[int, ...]]] = []
+
+    def request(self, op: str, timeout_s: float, what: str, **fields: Any) -> dict[str, Any]:
+        self.log.append((str(fields.get("phase")), tuple(fields.get("copy") or ())))
+        return super().request(op, timeout_s, what, **fields)
+
+
+@pytest.mark.parametrize("sequential", [False, True])
+def test_every_sample_is_followed_by_its_release_and_copies_never_precede_a_sample(tmp_path, monkeypatch,
+                                                                                    sequential):
+    """A spot-check copy runs in the release right after the sample it checks, and *every* sample gets a
+    release, picked or not: the steps a process goes through between two of its samples do not depend on which
+    arm was picked (the copies used to run at the start of the worker's next sample). With the sequential
+    test, the candidate's sample of a deciding round is kept until the look, and when the run stops there it is
+    the always-checked last sample, copied by ``finish``."""
+    monkeypatch.setattr(timing, "SPOT_CHECKS", 6)
+    pool_values = _pool_values()
+    pool = {f"pool{i}": v for i, v in enumerate(pool_values)}
+    expected = [{"kind": "tensor", "shape": [8, 16], "dtype": "torch.float32", "nbytes": 8 * 16 * 4}]
+    worker = _Recording({"orig": _reference, "cand": _reference}, pool, expected)
+    try:
+        sched = timing.make_schedule(["orig", "cand"], pool_values, ROUNDS, seed=3)
+        run = timing.TimingRun(holders={"orig": worker, "cand": worker}, untrusted=[], pool=list(pool),
+                               target_ms=0.01, max_sample_ms=50.0, flush=1024, expected=expected,
+                               start_timeout_s=60, sample_timeout_s=60, spot_dir=tmp_path, warmup_ms=0.0,
+                               calls_per_sample=K, sequential=sequential)
+        answer = timing.run_timing(run, sched)
+    finally:
+        worker.close()
+    assert answer["ok"], answer
+    phases = [phase for phase, _ in worker.log]
+    assert phases[:2] == ["prepare", "sets"] and phases[-1] == "finish"
+    body = worker.log[2:-1]
+    assert all(copy == () for phase, copy in body if phase == "sample")
+    samples = [i for i, (phase, _) in enumerate(body) if phase == "sample"]
+    assert len(samples) == 2 * answer["rounds_run"]
+    # Each sample is released right after it, before anything else; only the last may wait for ``finish``.
+    for i in samples[:-1]:
+        assert body[i + 1][0] == "release", body[i:i + 2]
+    assert samples[-1] == len(body) - 1 or body[samples[-1] + 1][0] == "release"
+    copies = [c for phase, copy in body if phase == "release" for c in copy] + list(worker.log[-1][1])
+    assert len(copies) == len(sched.picks) >= 2
+    keys = [k for spot in answer["spots"].values() for k in spot["keys"]]
+    assert sorted(keys) == sorted(list(p) for p in sched.picks)
+    cand = sched.arms.index("cand")
+    last_cand = max((r, i) for i, (r, a) in enumerate(
+        [(r, a) for r in range(answer["rounds_run"]) for a in sched.rounds[r]["order"]]) if a == cand)[0]
+    assert (last_cand, cand) in {(r, a) for r, a, _ in sched.picks}, "the last candidate sample was not checked"
+
+
 def test_every_output_of_a_sample_stays_alive_until_the_sample_ends(tmp_path, many_spots):
     """What a candidate sees of its earlier outputs (alive or not, storage use count) depends only on the
     call's position in its sample, never on whether the host later checks that call (finding 2)."""

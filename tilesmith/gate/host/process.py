@@ -215,6 +215,9 @@ class WorkerProcess:
         self._affinity: set[int] | None = None
         self.stopped = False
         """Whether :meth:`stop` stopped the process group (and :meth:`resume` has not continued it)."""
+        self.stopped_s = 0.0
+        """Seconds the process spent stopped (ended stops): not counted against its start timeout."""
+        self._stopped_at: float | None = None
         self.role = "candidate"
         """``trusted`` (the original only, ever) or ``candidate`` (imports candidate or incumbent code)."""
         self.init_rid: int | None = None
@@ -243,7 +246,10 @@ class WorkerProcess:
 
     def wait_ready(self, timeout_s: float) -> dict[str, Any]:
         if self.ready_info is None:
-            deadline = self.started + timeout_s
+            self.resume()  # a stopped spare cannot finish starting
+            # A spare is stopped while anything is timed, possibly for most of its life: the start timeout
+            # counts only the time it could run.
+            deadline = self.started + self.stopped_s + timeout_s
             msg = self._read_message(deadline, f"start (import torch, create the device context) of {self.label}",
                                      timeout_s)
             if msg.get("type") != "ready" or msg.get("protocol") != protocol.PROTOCOL_VERSION:
@@ -265,6 +271,8 @@ class WorkerProcess:
         except (ProcessLookupError, PermissionError):
             return False
         self.stopped = True
+        if self._stopped_at is None:
+            self._stopped_at = time.monotonic()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             states = task_states(self.proc.pid)
@@ -280,6 +288,9 @@ class WorkerProcess:
         if not self.stopped:
             return
         self.stopped = False
+        if self._stopped_at is not None:
+            self.stopped_s += time.monotonic() - self._stopped_at
+            self._stopped_at = None
         try:
             os.killpg(self.proc.pid, signal.SIGCONT)
         except (ProcessLookupError, PermissionError):

@@ -328,37 +328,63 @@ def _run(run: TimingRun, schedule: Schedule, arms: list[str], workers: list[Any]
     chosen = set(schedule.spots)
     secret = secrets.SystemRandom()
     pending: dict[int, list[int]] = {id(w): [] for w in workers}
-    last: dict[int, tuple[int, int] | None] = {id(w): None for w in workers}
     schedule.picks = []
     looks = set(stats.looks(len(schedule.rounds))) if run.sequential else set()
     base_idx, cand_idx = arms.index(run.baseline), arms.index("cand")
+    cand_worker = run.holders["cand"]
     decision: str | None = None
-    stop_facts = False
+    facts = {"stop": False}
     rounds_run = 0
+    kept: tuple[int, int] | None = None  # a candidate sample whose outputs wait for the look's decision
+
+    def pick(r: int, a: int) -> list[int]:
+        call = secret.randrange(k)
+        schedule.picks.append((r, a, call))
+        return [call]
+
+    def release(w: Any, copy: list[int]) -> dict[str, Any] | None:
+        quiet.only(w)
+        got = w.request("time", run.sample_timeout_s, "releasing a sample's outputs", phase="release", copy=copy)
+        if id(w) not in trusted:
+            facts["stop"] = _merge_facts(answer, got) or facts["stop"]
+        return None if got.get("ok") else {**answer, "ok": False, "error": got.get("error", {})}
+
     for r, rnd in enumerate(schedule.rounds):
+        deciding = (r + 1) in looks or r == len(schedule.rounds) - 1
         for a in rnd["order"]:
             w = run.holders[arms[int(a)]]
+            if kept is not None and w is cand_worker:  # the worker samples again: check the kept sample now
+                failed = release(w, pick(*kept))
+                kept = None
+                if failed:
+                    return failed
             quiet.only(w)
             t0 = time.monotonic()
             got = w.request("time", run.sample_timeout_s, "a timing sample", phase="sample", round=r, arm=int(a),
-                            set=rnd["set"], factors=rnd["factors"], seed=rnd["seed"], shift=rnd["shift"],
-                            copy=pending[id(w)])
+                            set=rnd["set"], factors=rnd["factors"], seed=rnd["seed"], shift=rnd["shift"])
             host_ms[id(w)] += (time.monotonic() - t0) * 1e3
             if id(w) not in trusted:
-                stop_facts = _merge_facts(answer, got) or stop_facts
+                facts["stop"] = _merge_facts(answer, got) or facts["stop"]
             if not got.get("ok"):
                 return {**answer, "ok": False, "error": got.get("error", {})}
             samples[int(a)].append(float(got["ms"]) / k)
             walls[int(a)].append(float(got["wall_ms"]))
-            pending[id(w)] = []
-            last[id(w)] = (r, int(a))
-            if (r, int(a)) in chosen:  # decided now that the sample has ended; revealed with the next request
-                pending[id(w)] = [secret.randrange(k)]
-                schedule.picks.append((r, int(a), pending[id(w)][0]))
-            if stop_facts:
+            # Picks are decided now that the sample has ended and revealed with its release, which follows
+            # every sample: each arm's process does the same steps between its samples, picked or not. The
+            # candidate's sample of a deciding round is kept until the look: if the run stops there, it is
+            # the always-checked last sample (a candidate that drifts after many calls is seen).
+            if (r, int(a)) in chosen:
+                failed = release(w, pick(r, int(a)))
+            elif deciding and int(a) == cand_idx and not facts["stop"]:
+                kept, failed = (r, int(a)), None
+            else:
+                failed = release(w, [])
+            if failed:
+                return failed
+            if facts["stop"]:
                 break
         rounds_run = r + 1
-        if stop_facts:
+        if facts["stop"]:
             break
         if rounds_run in looks:
             if run.control is not None:
@@ -371,12 +397,13 @@ def _run(run: TimingRun, schedule: Schedule, arms: list[str], workers: list[Any]
             if decision != "continue":
                 break
             decision = None
-    # The last candidate sample taken is always checked (a candidate that drifts after many calls is seen).
-    cand_worker = run.holders["cand"]
-    final = last[id(cand_worker)]
-    if final is not None and not pending[id(cand_worker)] and final not in {(p[0], p[1]) for p in schedule.picks}:
-        pending[id(cand_worker)] = [secret.randrange(k)]
-        schedule.picks.append((final[0], final[1], pending[id(cand_worker)][0]))
+        if kept is not None and rounds_run < len(schedule.rounds):
+            failed = release(cand_worker, [])
+            kept = None
+            if failed:
+                return failed
+    if kept is not None:  # the run stopped at this look (or ran out of rounds): check the kept sample
+        pending[id(cand_worker)] = pick(*kept)
     spots: dict[str, Any] = {}
     for w in workers:
         quiet.only(w)
@@ -393,7 +420,7 @@ def _run(run: TimingRun, schedule: Schedule, arms: list[str], workers: list[Any]
         before, after = cpu0[id(w)], process_cpu_ms(w.pid)
         cpu[str(w.pid)] = after - before if before is not None and after is not None else None
     answer.update(samples_ms=samples, walls_ms=walls,
-                  spots=spots, decision=decision, rounds_run=rounds_run, stopped_early=stop_facts,
+                  spots=spots, decision=decision, rounds_run=rounds_run, stopped_early=facts["stop"],
                   host_ms={str(w.pid): host_ms[id(w)] for w in workers}, host_cpu_ms=cpu,
                   arm_workers=[str(run.holders[name].pid) for name in arms], failed_stops=quiet.failed_stops)
     return answer

@@ -11,16 +11,20 @@ own worker, an incumbent in a third); each worker runs the arms it holds through
 ``sets``    Build ``k`` live input sets whose tensors keep their addresses for the whole run. The inputs the
             host names ``static`` (the graph's parameters and buffers) are ONE buffer shared by all ``k`` sets,
             as they are in real use; every other input has ``k``.
-``sample``  First copy out the outputs of this worker's previous sample that the host names in ``copy``
-            (chosen by the host *after* that sample ended), release all of that sample's outputs; then
-            refresh the ``k`` live sets **in place** with ``k`` distinct value sets (:func:`fill_set`; a static
+``sample``  Refresh the ``k`` live sets **in place** with ``k`` distinct value sets (:func:`fill_set`; a static
             input once, with call 0's values), flush the cache (write a buffer larger than L2/LLC),
             synchronize, start the clock, run call ``j`` on set ``j`` for ``j < k``, keeping **every** output,
             synchronize the whole device (work left on other streams is inside the sample), stop the clock.
             CUDA: events recorded on the current stream; CPU (test mode): the worker process's CPU time
             (``CLOCK_PROCESS_CPUTIME_ID``, every thread of the process), so that time the scheduler gives to
             other processes on a busy machine is not counted.
-``finish``  Copy out the last sample's picks, release everything, save the copies for the host.
+``release`` Sent right after **every** sample: copy out the calls of that sample the host names in ``copy``
+            (chosen by the host *after* the sample ended; usually none), then release all of its outputs. Every
+            arm's sample is followed by the same request, so what a spot-check copy does to the process (its
+            allocations, the caches it touches) happens after the sample it checks and before the host times
+            anything else, never at the start of the worker's next sample (where it used to land, mostly
+            before samples of the arm that was *not* picked).
+``finish``  Copy out the last sample's picks (if the host names any), release everything, save the copies.
 
 What a candidate can observe is the same for every sample and every call: all of its outputs from the
 current sample are alive until the sample has ended (no flag says whether a sample or call is checked: the
@@ -174,7 +178,7 @@ def _sample(worker: Any, msg: dict[str, Any]) -> dict[str, Any]:
     session = _session("a timing sample was requested")
     if not session.sets:
         raise RuntimeError("a timing sample was requested before the input sets were built")
-    _copy_out(worker, session, msg.get("copy", []))
+    _copy_out(worker, session, msg.get("copy", []))  # the host sends ``release`` first; kept for safety
     r, a = int(msg["round"]), int(msg["arm"])
     source = session.pool[int(msg["set"])]
     factors = list(msg.get("factors", []))
@@ -188,6 +192,12 @@ def _sample(worker: Any, msg: dict[str, Any]) -> dict[str, Any]:
     session.held = (r, a, outs)
     del outs
     return {"ok": True, "ms": ms, "wall_ms": wall}
+
+
+def _release(worker: Any, msg: dict[str, Any]) -> dict[str, Any]:
+    session = _session("a sample's outputs were released")
+    _copy_out(worker, session, msg.get("copy", []))
+    return {"ok": True}
 
 
 def _finish(worker: Any, msg: dict[str, Any]) -> dict[str, Any]:
@@ -207,10 +217,11 @@ def _finish(worker: Any, msg: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_timing(worker: Any, msg: dict[str, Any]) -> dict[str, Any]:
-    """Handle one ``time`` request (``phase``: ``prepare``, ``sets``, ``sample`` or ``finish``)."""
+    """Handle one ``time`` request (``phase``: ``prepare``, ``sets``, ``sample``, ``release`` or ``finish``)."""
     phase = msg.get("phase")
-    handler = {"prepare": _prepare, "sets": _sets, "sample": _sample, "finish": _finish}.get(str(phase))
+    handler = {"prepare": _prepare, "sets": _sets, "sample": _sample, "release": _release,
+               "finish": _finish}.get(str(phase))
     if handler is None:
         _STATE["session"] = None
-        raise ValueError(f"unknown timing phase {phase!r} (expected prepare, sets, sample or finish)")
+        raise ValueError(f"unknown timing phase {phase!r} (expected prepare, sets, sample, release or finish)")
     return handler(worker, msg)
