@@ -234,8 +234,8 @@ class Gate:
             worker = WorkerProcess(Path(self.dir), label=label, template=self._template, device_type=self.device.type)
         worker.role = role
         self._workers.append(worker)
-        worker.init_rid = worker.send(
-            "init", role=role, device=str(self.device), flags=self.flags, watch=self.watch,
+        worker.init_fields = dict(
+            role=role, device=str(self.device), flags=self.flags, watch=self.watch,
             constants=str(self.constants_path) if self.constants_path else None,
             inputs_to_check=list(self.problem.graph.inputs_to_check),
             mutated_input_idxs=list(self.problem.graph.mutated_input_idxs),
@@ -243,12 +243,22 @@ class Gate:
             ignore_effects=list(self.original_effects),
             base_inputs=str(self.problem.inputs_path), expected=self.expected,
             fsize_limit=self.fsize_limit if role != "trusted" else 0)
+        # A CUDA spare gets its ``init`` (device context, inputs on the device) only when it is taken: until
+        # then it only imports torch, on the CPU, and may do so while arms are timed (Quiescence runs it on
+        # other CPUs than the timed workers'), so back-to-back evaluations do not wait for its interpreter.
+        if role == "trusted" or self.device.type != "cuda":
+            self._send_init(worker)
         return worker
+
+    @staticmethod
+    def _send_init(worker: WorkerProcess) -> None:
+        if worker.init_rid is None:
+            worker.init_rid = worker.send("init", **worker.init_fields)
 
     def _ready(self, worker: WorkerProcess, what: str) -> dict[str, Any]:
         if worker.init_answer is not None:
             return worker.init_answer
-        assert worker.init_rid is not None
+        self._send_init(worker)
         answer = worker.receive(worker.init_rid, self.worker_timeout_s,
                                 f"initialization of {what} (loading the inputs{' and the original wrapper' if worker.role == 'trusted' else ''})")
         if not answer.get("ok"):
@@ -416,6 +426,7 @@ class Gate:
             if recheck:
                 return
             worker = self._spares.pop(0) if self._spares else self._start_worker("candidate")
+            self._send_init(worker)
             preload["worker"] = worker
             preload["rid"] = worker.send("load", name="cand", source=candidate.source)
 

@@ -221,6 +221,8 @@ class WorkerProcess:
         self.role = "candidate"
         """``trusted`` (the original only, ever) or ``candidate`` (imports candidate or incumbent code)."""
         self.init_rid: int | None = None
+        """The ``init`` request's id; ``None`` until it is sent (a CUDA spare gets it when a gate takes it)."""
+        self.init_fields: dict[str, Any] = {}
         self.init_answer: dict[str, Any] | None = None
         self.saw: set[str] = set()
         """Sources (by SHA-256) this worker has imported; a confirmation needs one that saw none of them."""

@@ -159,23 +159,46 @@ def choose_k(estimates_ms: list[float], target_ms: float, max_sample_ms: float, 
 
 
 class Quiescence:
-    """Stops every untrusted worker of the gate except the one about to be timed (see the module text)."""
+    """Stops every untrusted worker of the gate except the one about to be timed (see the module text).
 
-    def __init__(self, untrusted: list[Any]) -> None:
+    A CUDA spare that has not been sent ``init`` yet (``init_rid is None``: no device context, no inputs, no
+    candidate code, only its interpreter start and torch import on the CPU) is not stopped but kept off
+    ``timing_cpus`` (the CPU the timed workers run on) until :meth:`release`, where the machine has another."""
+
+    def __init__(self, untrusted: list[Any], timing_cpus: set[int] | None = None) -> None:
         self.untrusted = [w for w in untrusted if w is not None]
         self.failed_stops: list[str] = []
+        self.others: set[int] | None = None
+        if timing_cpus and hasattr(os, "sched_getaffinity"):
+            try:
+                self.others = set(os.sched_getaffinity(0)) - set(timing_cpus) or None
+            except OSError:
+                self.others = None
+        self.moved: list[Any] = []
+
+    def _starting(self, worker: Any) -> bool:
+        return getattr(worker, "device_type", "cpu") == "cuda" and getattr(worker, "init_rid", 0) is None
 
     def only(self, active: Any) -> None:
         for worker in self.untrusted:
-            if worker is not active and not worker.stopped and worker.alive():
-                if not worker.stop():
-                    self.failed_stops.append(worker.label)
+            if worker is active or not worker.alive():
+                continue
+            if self._starting(worker) and self.others is not None:
+                if worker not in self.moved:
+                    worker.pin(self.others)
+                    self.moved.append(worker)
+                continue
+            if not worker.stopped and not worker.stop():
+                self.failed_stops.append(worker.label)
         if active is not None:
             active.resume()
 
     def release(self) -> None:
         for worker in self.untrusted:
             worker.resume()
+        for worker in self.moved:
+            worker.pin(None)
+        self.moved = []
 
 
 def _merge_facts(into: dict[str, Any], answer: dict[str, Any]) -> bool:
@@ -243,9 +266,9 @@ def run_timing(run: TimingRun, schedule: Schedule) -> dict[str, Any]:
         if run.holders[name] not in workers:
             workers.append(run.holders[name])
     trusted = {id(w) for w in workers if getattr(w, "role", "candidate") == "trusted"}
-    quiet = Quiescence(run.untrusted)
-    answer: dict[str, Any] = {"ok": True, "static_inputs": list(schedule.static)}
     cpu = timing_cpu()
+    quiet = Quiescence(run.untrusted, cpu)
+    answer: dict[str, Any] = {"ok": True, "static_inputs": list(schedule.static)}
     for w in workers:
         getattr(w, "pin", lambda cpus: None)(cpu)
     try:
