@@ -91,7 +91,7 @@ class FakeRun:
 
     def __init__(self):
         self.diagnostics, self.threads, self.benchmarks = [], [], []
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
         self.options = SimpleNamespace(loops=1, min_improvement=0.02)
 
     def diagnose(self, kind, message, graph_key=None, graph_name=None):

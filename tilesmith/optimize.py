@@ -17,6 +17,7 @@ from typing import Any
 from tilesmith import settings
 from tilesmith._text import sentence
 from tilesmith.agent.protocol import StopOptimization
+from tilesmith.context import RunContext
 from tilesmith.install import verify
 from tilesmith.install.loader import entry_point, load_wrapper, swap
 from tilesmith.records import BenchmarkRecord, Candidate, GraphState, Timing, Verdict
@@ -27,7 +28,8 @@ from tilesmith.track.run import Track
 log = logging.getLogger("tilesmith")
 
 
-def optimize_graph(run: Any, handle: Any, track: Track, inputs: list[Any], *, single_process: bool = True) -> None:
+def optimize_graph(run: RunContext, handle: Any, track: Track, inputs: list[Any], *,
+                   single_process: bool = True) -> None:
     """Run the stages for ``handle``'s graph; ``inputs`` are copies of its first call's inputs.
 
     The stages move to a background thread for a cache hit under ``TILESMITH_CACHE_RECHECK=background`` and,
@@ -71,14 +73,14 @@ def optimize_graph(run: Any, handle: Any, track: Track, inputs: list[Any], *, si
             snapshot.remove(snap)
 
 
-def _defer(run: Any, track: Track, snap: Any, hit: Any, handle: Any, what: str) -> None:
+def _defer(run: RunContext, track: Track, snap: Any, hit: Any, handle: Any, what: str) -> None:
     """Run :func:`_stages` in a daemon thread that owns ``snap`` from here on (``run.wait`` joins it)."""
     thread = threading.Thread(target=_stages, args=(run, handle, track, snap, hit, True), daemon=True,
                               name=f"tilesmith-{what}-{track.key[:8]}")
     run.start_background(thread)
 
 
-def _stages(run: Any, handle: Any, track: Track, snap: Any, hit: Any, background: bool) -> None:
+def _stages(run: RunContext, handle: Any, track: Track, snap: Any, hit: Any, background: bool) -> None:
     """Gate (+ cache re-check or optimizer) → install, for one graph whose snapshot is in ``snap``.
 
     ``background``: running in a thread after the graph's first call returned (``TILESMITH_CACHE_RECHECK=
@@ -125,7 +127,7 @@ def _stages(run: Any, handle: Any, track: Track, snap: Any, hit: Any, background
             handle.state = GraphState.INSTALLED if handle.record is not None else GraphState.KEPT_INDUCTOR
 
 
-def _run_optimizer(run: Any, handle: Any, track: Track, gate: Any, progress: Any) -> str:
+def _run_optimizer(run: RunContext, handle: Any, track: Track, gate: Any, progress: Any) -> str:
     try:
         factory = run.optimizer_factory()
     except Exception as exc:  # noqa: BLE001 - e.g. the proxy failed to start
@@ -159,7 +161,7 @@ def _run_optimizer(run: Any, handle: Any, track: Track, gate: Any, progress: Any
     return "installed" if record else "install failed"
 
 
-def install(run: Any, handle: Any, track: Track, candidate: Candidate, verdict: Verdict, *, source: str,
+def install(run: RunContext, handle: Any, track: Track, candidate: Candidate, verdict: Verdict, *, source: str,
             loops: int) -> BenchmarkRecord | None:
     """Load ``candidate`` in the user's process, swap it in (shadow-checked, :mod:`tilesmith.install.verify`)
     and record its benchmark."""
@@ -180,13 +182,13 @@ def install(run: Any, handle: Any, track: Track, candidate: Candidate, verdict: 
         return record
     swap(handle.compiled, fn)
     handle.state = GraphState.INSTALLED
-    with run._lock:
+    with run.lock:
         run.benchmarks.append(record)
     track.update(status="cache_hit" if source == "cache" else "installed", benchmark=_record_json(record))
     return record
 
 
-def reuse_in_run(run: Any, first: Any, handle: Any) -> None:
+def reuse_in_run(run: RunContext, first: Any, handle: Any) -> None:
     """Install for ``handle`` what its identical twin ``first`` (same cache key, same run) got.
 
     Dynamo recompiles (a new ``requires_grad`` or grad mode, say) can produce the very same wrapper again in one
@@ -216,13 +218,13 @@ def reuse_in_run(run: Any, first: Any, handle: Any) -> None:
                      f"{exc}); this graph stays on Inductor.", handle.key, handle.graph.name)
         return
     handle.state = GraphState.INSTALLED
-    with run._lock:
+    with run.lock:
         run.benchmarks.append(dataclasses.replace(record, graph_name=handle.graph.name, kind=handle.graph.kind))
     run.diagnose("duplicate_graph", f"{twin}; installed the same validated wrapper (numbers from that graph's "
                  "confirmation).", handle.key, handle.graph.name)
 
 
-def benchmark_record(run: Any, handle: Any, track: Track, verdict: Verdict, *, source: str,
+def benchmark_record(run: RunContext, handle: Any, track: Track, verdict: Verdict, *, source: str,
                      loops: int) -> BenchmarkRecord:
     """Inductor-vs-Tilesmith numbers from the confirmation's paired samples (host-computed)."""
     timing: Timing = verdict.confirmation or verdict.timing  # type: ignore[assignment]
@@ -242,7 +244,7 @@ def benchmark_record(run: Any, handle: Any, track: Track, verdict: Verdict, *, s
         method=timing.method)
 
 
-def _lookup(run: Any, handle: Any, track: Track) -> tuple[Any, Any] | None:
+def _lookup(run: RunContext, handle: Any, track: Track) -> tuple[Any, Any] | None:
     """``(store, artifact)`` for an exact hit on this graph's key, else ``None`` (problems become diagnostics)."""
     try:
         from tilesmith.cache import ArtifactStore
@@ -259,7 +261,7 @@ def _lookup(run: Any, handle: Any, track: Track) -> tuple[Any, Any] | None:
     return None if artifact is None else (store, artifact)
 
 
-def _install_hit(run: Any, handle: Any, track: Track, gate: Any, hit: tuple[Any, Any],
+def _install_hit(run: RunContext, handle: Any, track: Track, gate: Any, hit: tuple[Any, Any],
                  background: bool = False) -> bool:
     """Install a validated artifact for this exact key after re-checking it on this run's inputs."""
     store, artifact = hit
@@ -288,7 +290,7 @@ def _install_hit(run: Any, handle: Any, track: Track, gate: Any, hit: tuple[Any,
     return record is not None
 
 
-def _store_artifact(run: Any, track: Track, candidate: Candidate, verdict: Verdict,
+def _store_artifact(run: RunContext, track: Track, candidate: Candidate, verdict: Verdict,
                     record: BenchmarkRecord) -> None:
     try:
         from tilesmith.cache import Artifact, ArtifactStore, environment_snapshot, reports_from_track
@@ -310,7 +312,7 @@ def _store_artifact(run: Any, track: Track, candidate: Candidate, verdict: Verdi
                      "installed graph is unaffected.", track.key, record.graph_name)
 
 
-def _forward_cache_problems(run: Any, track: Track, store: Any) -> None:
+def _forward_cache_problems(run: RunContext, track: Track, store: Any) -> None:
     """Turn the store's recorded problems (corrupted entry, unwritable disk) into run diagnostics."""
     for problem in store.take_problems():
         run.diagnose(problem.kind, f"graph {track.label}: {problem.message}", track.key, track.graph.name)
@@ -325,7 +327,7 @@ def _verdict_from_artifact(verdict: Verdict, artifact: Any) -> Verdict:
                    report_path=verdict.report_path, evaluation_id=verdict.evaluation_id)
 
 
-def _keep(run: Any, track: Track, kind: str, message: str) -> None:
+def _keep(run: RunContext, track: Track, kind: str, message: str) -> None:
     diagnostic = run.diagnose(kind, message, track.key, track.graph.name)
     track.add_diagnostic(diagnostic)
     track.update(status="kept_inductor")
@@ -346,7 +348,7 @@ def _no_win_message(session: GraphSession) -> str:
     return f"{sentence(text)} The graph stays on Inductor."
 
 
-def _roofline(run: Any, handle: Any) -> Any:
+def _roofline(run: RunContext, handle: Any) -> Any:
     if not handle.graph.device.startswith("cuda"):
         return None
     try:

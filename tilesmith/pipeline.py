@@ -101,7 +101,8 @@ class GraphHandle:
 
 
 class LiveRun:
-    """State of one ``tilesmith.compile()`` call; the capture backend's sink."""
+    """State of one ``tilesmith.compile()`` call; the capture backend's sink, and the
+    :class:`~tilesmith.context.RunContext` the stages get."""
 
     def __init__(self, options: RunOptions, factory: Any = None):
         self.options = options
@@ -117,7 +118,9 @@ class LiveRun:
         self.handles: list[GraphHandle] = []
         self._by_key: dict[str, GraphHandle] = {}
         self._factory = factory
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
+        """Guards ``diagnostics``, ``benchmarks``, ``handles`` and ``background`` (the run's background threads
+        change them too); :class:`tilesmith.context.RunContext` names it for the stages."""
         self.closed = False
         self.background: list[threading.Thread] = []
         self._coordinator()  # under torch.distributed: join the job's decision board now, not in a model call
@@ -125,7 +128,7 @@ class LiveRun:
     # -- background work (TILESMITH_CACHE_RECHECK=background, TILESMITH_OPTIMIZE=background) ----
     def start_background(self, thread: threading.Thread) -> None:
         """Start and remember a daemon thread that re-checks or optimizes (and maybe installs) one graph."""
-        with self._lock:
+        with self.lock:
             self.background.append(thread)
         thread.start()
 
@@ -136,7 +139,7 @@ class LiveRun:
         import time
 
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        with self._lock:
+        with self.lock:
             threads = list(self.background)
         for thread in threads:
             thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
@@ -151,11 +154,11 @@ class LiveRun:
         return diagnostic
 
     def record_diagnostic(self, diagnostic: Diagnostic) -> None:
-        with self._lock:
+        with self.lock:
             self.diagnostics.append(diagnostic)
         problem = self.folder.add_diagnostic(diagnostic)
         if problem is not None:
-            with self._lock:
+            with self.lock:
                 self.diagnostics.append(problem)
 
     # -- capture sink -------------------------------------------------------------------------
@@ -177,7 +180,7 @@ class LiveRun:
         handle = GraphHandle(compiled, graph, key or "", module_constants(compiled),
                              inner_kwargs=dict(kwargs) if from_cache else None)
         eligibility.claim(compiled)
-        with self._lock:
+        with self.lock:
             self.handles.append(handle)
         compiled.current_callable = self._trampoline(handle)
 
@@ -238,7 +241,7 @@ class LiveRun:
         """Steps 2–3 of the module docstring for one graph (runs inside its first call)."""
         from tilesmith.optimize import optimize_graph, reuse_in_run
 
-        with self._lock:
+        with self.lock:
             first = self._by_key.setdefault(handle.key, handle)
         coordinator = self._coordinator()
         if first is not handle:
@@ -269,7 +272,7 @@ class LiveRun:
 
     def optimizer_factory(self) -> Any:
         """The run's optimizer factory, created at the first graph that needs one."""
-        with self._lock:
+        with self.lock:
             if self._factory is None:
                 from tilesmith.agent import make_factory
 

@@ -314,7 +314,7 @@ class Coordinator:
         while handle.state == GraphState.RECHECKING:  # TILESMITH_CACHE_RECHECK=background: its thread decides
             self._sleep(started)
         if entry.held is None:
-            with entry.run._lock:
+            with entry.run.lock:
                 seen = list(entry.run.diagnostics)
             reason = next((d.message for d in reversed(seen) if d.graph_key == handle.key
                            and not d.kind.startswith("dist_")), "no candidate passed the gate")
@@ -488,7 +488,7 @@ class Coordinator:
         swap(handle.compiled, fn)
         handle.state, handle.record = GraphState.INSTALLED, record
         handle.installed_source = entry.held[2] if entry.held is not None else entry.source
-        with run._lock:
+        with run.lock:
             run.benchmarks.append(record)
         if entry.track is not None:
             entry.track.update(status="installed" if record.source == "optimizer" else "cache_hit",

@@ -44,6 +44,7 @@ from typing import Any
 import torch
 
 from tilesmith import settings
+from tilesmith.context import RunContext
 from tilesmith.gate.host.compare import check_values, compare_output, compare_structure, tolerance_for
 from tilesmith.install.shadow import (
     PERTURB_ULPS,
@@ -99,13 +100,14 @@ def prepare() -> Preparation | None:
     return Preparation(policy, census)
 
 
-def guard(run: Any, handle: Any, track: Any, fn: Any, module: Any, source: str,
+def guard(run: RunContext, handle: Any, track: Any, fn: Any, module: Any, source: str,
           prep: Preparation | None) -> Any:
     """The callable to swap in for ``handle``: ``fn`` itself when ``prep`` is ``None``, else a verified entry.
 
-    ``run``: the :class:`~tilesmith.pipeline.LiveRun` (diagnostics, twins, benchmarks); ``track``: the graph's
-    track (its ``track.json`` records an uninstall) or ``None``; ``module``: the loaded wrapper (its file
-    attributes threads to it); ``source``: the installed wrapper text (what is quarantined).
+    ``run``: the live run (:class:`~tilesmith.context.RunContext`: diagnostics, benchmarks; the twins from its
+    ``handles`` when it has them); ``track``: the graph's track (its ``track.json`` records an uninstall) or
+    ``None``; ``module``: the loaded wrapper (its file attributes threads to it); ``source``: the installed wrapper
+    text (what is quarantined).
     """
     if prep is None:
         return fn
@@ -171,7 +173,7 @@ class Verifier:
     takes on a checked call, wall seconds per call between checks).
     """
 
-    def __init__(self, run: Any, handle: Any, track: Any, fn: Any, module: Any, source: str, prep: Preparation):
+    def __init__(self, run: RunContext, handle: Any, track: Any, fn: Any, module: Any, source: str, prep: Preparation):
         self.run, self.handle, self.track, self.fn, self.source = run, handle, track, fn, source
         self.policy, self.census = prep.policy, prep.census
         self.original = handle.original
@@ -448,7 +450,7 @@ class Verifier:
                 h.state = GraphState.UNINSTALLED
                 if other is not None:
                     other.failed, other.next_check = True, 0
-        with run._lock:
+        with run.lock:
             run.benchmarks[:] = [b for b in run.benchmarks if b.graph_key != self.key]
         if quarantine:
             where = self._quarantine(n, problem)
