@@ -113,18 +113,18 @@ CHILD_BACKGROUND = textwrap.dedent(
     import json, threading
     import torch
     import tilesmith
-    import tilesmith.optimize as stages
+    import tilesmith.install.installer as installer
     from tests.models import MulSum, has_mulsum_loop, mm_instead_of_loop
     from tests.scripted import ScriptedFactory, comment
 
     released = threading.Event()
-    real_install_hit = stages._install_hit
+    real_install_hit = installer.install_hit
 
     def held_install_hit(*args, **kwargs):  # the re-check may finish only after the first call has returned
         assert released.wait(300)
         return real_install_hit(*args, **kwargs)
 
-    stages._install_hit = held_install_hit
+    installer.install_hit = held_install_hit
     torch.manual_seed(0)
     model = MulSum().eval()
     x = torch.randn(64, 512)

@@ -4,7 +4,7 @@ re-check included) and name every gate report of a graph, also those no evaluati
 The re-check run is written with the pipeline's own writers in the shape :mod:`tilesmith.optimize` gave it
 before the re-check was also recorded in ``track.json``: the ``cache_recheck_failed`` diagnostic only in
 ``run.json`` (with the graph's key) and the re-check's gate report only on disk. The last test drives
-:func:`tilesmith.optimize._install_hit` with a gate whose re-check fails and checks what it records now.
+:func:`tilesmith.install.installer.install_hit` with a gate whose re-check fails and checks what it records now.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def test_report_links_every_gate_report_of_each_graph(tmp_path):
 
 
 def test_a_failed_recheck_is_recorded_in_the_track(tmp_path, monkeypatch):
-    from tilesmith import optimize
+    from tilesmith.install import installer
 
     run = RunFolder(tmp_path, RUN, {})
     run.open()
@@ -121,7 +121,7 @@ def test_a_failed_recheck_is_recorded_in_the_track(tmp_path, monkeypatch):
             assert candidate.proposer == "cache"
             return verdict
 
-    class Live:  # the parts of tilesmith.pipeline.LiveRun that _install_hit uses
+    class Live:  # the parts of tilesmith.pipeline.LiveRun that install_hit uses
         def diagnose(self, kind, message, key=None, name=None):
             d = Diagnostic(kind, message, key, name)
             run.add_diagnostic(d)
@@ -131,7 +131,7 @@ def test_a_failed_recheck_is_recorded_in_the_track(tmp_path, monkeypatch):
         source = "def call(args):\n    return args\n"
 
     handle = type("Handle", (), {"graph": track.graph})()
-    assert optimize._install_hit(Live(), handle, track, Gate(), (None, Artifact())) is False
+    assert installer.install_hit(Live(), handle, track, Gate(), (None, Artifact())) is False
     doc = json.loads((track.folder / "track.json").read_text())
     assert [(e["id"], e["proposer"], e["status"], e["report"]) for e in doc["evaluations"]] == [
         ("e0001", "cache", "rejected_slower", "profiles/e0001.json")]

@@ -10,7 +10,7 @@ from tilesmith.context import RunContext, RunOptionsView
 from tilesmith.pipeline import LiveRun, RunOptions
 
 ROOT = Path(__file__).resolve().parents[1] / "tilesmith"
-USERS = ("optimize.py", "install/verify.py")
+USERS = ("optimize.py", "install/installer.py", "install/verify.py", "cache/reuse.py")
 
 
 def members(protocol: type) -> set[str]:

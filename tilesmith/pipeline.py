@@ -239,7 +239,8 @@ class LiveRun:
     # -- the pipeline -------------------------------------------------------------------------
     def optimize(self, handle: GraphHandle, inputs: list[Any]) -> None:
         """Steps 2–3 of the module docstring for one graph (runs inside its first call)."""
-        from tilesmith.optimize import optimize_graph, reuse_in_run
+        from tilesmith.cache.reuse import reuse_in_run
+        from tilesmith.optimize import optimize_graph
 
         with self.lock:
             first = self._by_key.setdefault(handle.key, handle)

@@ -3,7 +3,7 @@
 :class:`Coordinator` (one per process) is called from two hooks in the pipeline:
 
 * :meth:`Coordinator.take` at a graph's first call, before the graph's track is created: on the graph's
-  leader it returns ``False`` (the pipeline optimizes inline as usual, but :func:`tilesmith.optimize.install`
+  leader it returns ``False`` (the pipeline optimizes inline as usual, but :func:`tilesmith.install.installer.install`
   hands the accepted wrapper to :meth:`Coordinator._hold` instead of swapping it in); on every other rank it
   writes the call's inputs to a private snapshot, starts a follower thread and returns ``True``: the call
   returns on Inductor at once.
@@ -226,7 +226,7 @@ class Coordinator:
         """A graph identical to ``first`` (same cache key, same run) while ``first``'s job-wide decision is
         pending: it gets what ``first`` ends with (``reuse_in_run``) once that is final, so that every rank's
         twin ends the same way whichever rank heard the decision first."""
-        from tilesmith.optimize import reuse_in_run
+        from tilesmith.cache.reuse import reuse_in_run
 
         handle.state = GraphState.FOLLOWING
 
@@ -294,6 +294,8 @@ class Coordinator:
 
     def _lead_in_background(self, entry: _Entry) -> None:
         from tilesmith import optimize
+        from tilesmith.cache.reuse import lookup
+        from tilesmith.install.installer import keep_inductor
         from tilesmith.track.run import Track
 
         run, handle = entry.run, entry.handle
@@ -303,10 +305,10 @@ class Coordinator:
         run.folder.save()
         track.create()
         if entry.snap is None:
-            optimize._keep(run, track, "dist_kept_inductor", f"graph {entry.label}: {entry.snap_error}")
+            keep_inductor(run, track, "dist_kept_inductor", f"graph {entry.label}: {entry.snap_error}")
         else:
             snap, entry.snap = entry.snap, None  # _stages owns and removes it
-            optimize._stages(run, handle, track, snap, optimize._lookup(run, handle, track), True)
+            optimize._stages(run, handle, track, snap, lookup(run, handle, track), True)
         self._lead(entry)
 
     def _lead(self, entry: _Entry) -> None:
@@ -477,7 +479,7 @@ class Coordinator:
                                     "this rank keeps Inductor", self.rank))
             return
         from tilesmith.install.loader import swap
-        from tilesmith.optimize import _record_json
+        from tilesmith.install.installer import record_json
 
         run, handle = entry.run, entry.handle
         leader = int(decision.get("leader", entry.leader if entry.leader is not None else self.rank))
@@ -492,7 +494,7 @@ class Coordinator:
             run.benchmarks.append(record)
         if entry.track is not None:
             entry.track.update(status="installed" if record.source == "optimizer" else "cache_hit",
-                               benchmark=_record_json(record))
+                               benchmark=record_json(record))
         try:
             self.board.record_installed(entry.scope, final.sha256 or "")
         except BoardError:

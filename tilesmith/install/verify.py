@@ -1,6 +1,6 @@
 """Production verification: installed wrappers are shadow-checked in the user's process (issue 15, item 4).
 
-:func:`guard` wraps the boxed callable that :func:`tilesmith.optimize.install` swaps in. An unchecked call costs a
+:func:`guard` wraps the boxed callable that :func:`tilesmith.install.installer.install` swaps in. An unchecked call costs a
 counter increment and one comparison. A *checked* call (the first ``first`` calls after install, then each call
 with probability ``1/every`` — raised so that checks cost about ``budget`` of the graph's own time — and the first
 call after ``interval`` seconds without a check; ``TILESMITH_VERIFY``, :class:`tilesmith.settings.VerifyPolicy`):
