@@ -1,7 +1,7 @@
 """The graphs of a benchmark case as Inductor receives them, and their roofline costs (no kernel is generated).
 
 ``capture_graphs`` traces a case through Dynamo and AOTAutograd with a record-only inner compiler; ``cost_graphs``
-turns each graph's FX program into bytes, FLOPs and a floor (``tilesmith/roofline.py``; docs/benchmarks.md,
+turns each graph's FX program into bytes, FLOPs and a floor (``tilesmith/roofline/cost.py``; docs/benchmarks.md,
 "The roofline floor").
 """
 
