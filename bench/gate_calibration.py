@@ -265,15 +265,32 @@ def summary(rows: list[dict[str, Any]], seconds: float, workers: int) -> dict[st
             "speedups": [round(r["measurement"], 5) for r in rows]}
 
 
-def wall_times(gate: Gate, source: str, slow_source: str, repeats: int) -> list[dict[str, Any]]:
-    walls = []
+def wall_times(gate: Gate, source: str, slow_source: str, repeats: int, walls: list[dict[str, Any]] | None = None,
+               save: Any = None) -> list[dict[str, Any]]:
+    """Full evaluations (identical candidate; 5 % faster than an incumbent), appended to ``walls`` one by one;
+    ``save()`` after each, so a run cut short keeps the evaluations it finished."""
+    walls = [] if walls is None else walls
     for _ in range(repeats):
         for kind, incumbent in (("identical", None), ("5% faster than incumbent", slow_source)):
             inc = Candidate(source=incumbent, proposer="calibration") if incumbent else None
             v = gate.evaluate(Candidate(source=source, proposer="calibration"), incumbent=inc)
             walls.append({"kind": kind, "status": v.status, "wall_s": v.wall_s,
-                          "confirmation": v.confirmation is not None})
+                          "confirmation": v.confirmation is not None, "phases": _phase_seconds(gate, v)})
+            if save is not None:
+                save()
     return walls
+
+
+def _phase_seconds(gate: Gate, verdict: Any) -> list[dict[str, float]]:
+    """Seconds of each phase's steps (load, references, checks, timing, spot checks) from the gate's report; the
+    rest of ``wall_s`` is waiting for workers (a fresh worker's start, an incumbent's load)."""
+    eval_id = getattr(verdict, "evaluation_id", None)
+    folder = getattr(gate, "profiles_dir", None)
+    try:
+        record = json.loads((Path(folder) / f"{eval_id}.json").read_text())
+    except (OSError, TypeError, ValueError):
+        return []
+    return [{k: v for k, v in phase.items() if k.endswith("_s")} for phase in record.get("phases", [])]
 
 
 def memory_cases(device: str, work: Path) -> dict[str, Any]:
@@ -420,7 +437,8 @@ def main() -> int:
             row["gain5"] = summary(gain, time.monotonic() - t1, len(trials.workers))
             print(f"{name}: 5% gain {row['gain5']['accepted']}/{row['gain5']['gates']} accepted", flush=True)
             trials.close()
-            row["gate_wall"] = wall_times(gate, cap.source, slow_source, args.wall_repeats)
+            row["gate_wall"] = []
+            wall_times(gate, cap.source, slow_source, args.wall_repeats, row["gate_wall"], save)
             for kind in ("identical", "5% faster than incumbent"):
                 walls = [w["wall_s"] for w in row["gate_wall"] if w["kind"] == kind]
                 row[f"median_wall_s[{kind}]"] = statistics.median(walls) if walls else None

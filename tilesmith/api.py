@@ -207,19 +207,9 @@ def _validate(example_inputs: Any, agent_model: Any, agency: Any, loops: Any, ma
     if agency not in AGENCY_LEVELS:
         msg = f"agency must be one of {AGENCY_LEVELS}, got {agency!r}"
         raise ValueError(msg)
-    if isinstance(loops, bool) or not isinstance(loops, int):
-        msg = f"loops must be an int >= 1 (accepted optimization cycles), got {type(loops).__name__}"
-        raise TypeError(msg)
-    if loops < 1:
-        msg = f"loops must be >= 1 (accepted optimization cycles), got {loops}"
-        raise ValueError(msg)
+    _require_int("loops", loops, 1, "an int >= 1 (accepted optimization cycles)")
     if max_model_calls is not None:
-        if isinstance(max_model_calls, bool) or not isinstance(max_model_calls, int):
-            msg = f"max_model_calls must be None (no limit) or an int >= 0, got {type(max_model_calls).__name__}"
-            raise TypeError(msg)
-        if max_model_calls < 0:
-            msg = f"max_model_calls must be None (no limit) or an int >= 0, got {max_model_calls}"
-            raise ValueError(msg)
+        _require_int("max_model_calls", max_model_calls, 0, "None (no limit) or an int >= 0")
     if "backend" in torch_compile_kwargs:
         msg = ("tilesmith.compile does not take backend=: Tilesmith is the backend (it wraps Inductor). "
                "Use torch.compile(model, backend='tilesmith') for the registered backend instead.")
@@ -228,6 +218,14 @@ def _validate(example_inputs: Any, agent_model: Any, agency: Any, loops: Any, ma
 
 SANDBOXES = (None, "local")
 """``sandbox=`` values Tilesmith supports (0.1.4 also took ``"computesdk"``, a remote service)."""
+
+
+def _require_int(name: str, value: Any, minimum: int, meaning: str) -> None:
+    """Raise TypeError for a non-int (bools are not ints here) and ValueError below ``minimum``, naming ``meaning``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be {meaning}, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be {meaning}, got {value}")
 
 
 def _validate_placement(sandbox: Any, chip: Any, example_inputs: Any) -> None:

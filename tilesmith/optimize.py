@@ -50,21 +50,21 @@ def optimize_graph(run: RunContext, handle: Any, track: Track, inputs: list[Any]
         snapshot.write_snapshot(snap, inputs, handle.constants)
         inputs.clear()  # the snapshot holds them now; free device memory before workers start
         hit = reuse.lookup(run, handle, track)
+        deferred: tuple[str, str, str] | None = None  # (diagnostic kind, message, what the thread does)
         if hit is not None and settings.get("TILESMITH_CACHE_RECHECK") == "background":
             handle.state = GraphState.RECHECKING
-            run.diagnose("cache_rechecking", f"graph {track.label}: found validated artifact {track.key[:12]}; "
-                         "re-checking it in the background (TILESMITH_CACHE_RECHECK=background). The graph runs "
-                         "on Inductor until the re-check installs it; tilesmith.wait(model) waits for that.",
-                         track.key, handle.graph.name)
-            _defer(run, track, snap, hit, handle, "recheck")
-            snap = None
-            return
-        if single_process and hit is None and settings.get("TILESMITH_OPTIMIZE") == "background":
-            run.diagnose("optimizing_in_background", f"graph {track.label}: optimizing in the background "
-                         "(TILESMITH_OPTIMIZE=background). The graph runs on Inductor until a candidate the gate "
-                         "accepted is installed; tilesmith.wait(model) waits for the decision.",
-                         track.key, handle.graph.name)
-            _defer(run, track, snap, hit, handle, "optimize")
+            deferred = ("cache_rechecking", f"graph {track.label}: found validated artifact {track.key[:12]}; "
+                        "re-checking it in the background (TILESMITH_CACHE_RECHECK=background). The graph runs "
+                        "on Inductor until the re-check installs it; tilesmith.wait(model) waits for that.",
+                        "recheck")
+        elif single_process and hit is None and settings.get("TILESMITH_OPTIMIZE") == "background":
+            deferred = ("optimizing_in_background", f"graph {track.label}: optimizing in the background "
+                        "(TILESMITH_OPTIMIZE=background). The graph runs on Inductor until a candidate the gate "
+                        "accepted is installed; tilesmith.wait(model) waits for the decision.", "optimize")
+        if deferred is not None:
+            kind, message, what = deferred
+            run.diagnose(kind, message, track.key, handle.graph.name)
+            _defer(run, track, snap, hit, handle, what)
             snap = None
             return
         _stages(run, handle, track, snap, hit, False)

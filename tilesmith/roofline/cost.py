@@ -46,7 +46,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tilesmith._ast import dotted_name as _dotted
+from tilesmith._ast import FxStatement, FxTextError, fx_statements
 from tilesmith.records import CapturedGraph, InputSpec, RooflineFloor, TensorSpec
 
 __all__ = ["DeviceLimits", "GraphCost", "RooflineParseError", "floor_from_cost", "floor_from_fx", "graph_cost",
@@ -237,54 +237,34 @@ def _value(node: ast.AST) -> Any:
 
 def _parse(fx_program: str) -> tuple[dict[str, _Node], list[str], list[Any]]:
     """Nodes by name, placeholder names in order, and the returned values."""
-    text = re.sub(r"^class [^\n]*:", "class _G:", fx_program.strip(), count=1)
     try:
-        tree = ast.parse(text)
-    except SyntaxError as exc:
-        raise RooflineParseError(f"FX program is not parseable Python: {exc}") from None
-    forward = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "forward"), None)
-    if forward is None:
-        raise RooflineParseError("FX program has no forward() method")
+        statements = fx_statements(fx_program)
+    except FxTextError as exc:
+        raise RooflineParseError(str(exc)) from None
     nodes: dict[str, _Node] = {}
     placeholders: list[str] = []
-    for arg in forward.args.args[1:]:
-        ann = arg.annotation.value if isinstance(arg.annotation, ast.Constant) else None
-        nodes[arg.arg] = _Node(arg.arg, "input", _parse_annotation(ann) if isinstance(ann, str) else None)
-        placeholders.append(arg.arg)
     returned: list[Any] = []
-    for stmt in forward.body:
-        if isinstance(stmt, ast.Return):
-            value = _value(stmt.value) if stmt.value is not None else []
+    for st in statements:
+        if st.kind == "return":
+            value = _value(st.value) if st.value is not None else []
             returned = value if isinstance(value, list) else [value]
             continue
-        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
-            name, ann, rhs = stmt.target.id, stmt.annotation, stmt.value
-            text = ann.value if isinstance(ann, ast.Constant) and isinstance(ann.value, str) else None
-            meta = _parse_annotation(text) if text is not None else None
-        elif isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
-            name, rhs, meta = stmt.targets[0].id, stmt.value, None
-            if isinstance(rhs, ast.Constant) and rhs.value is None:
-                continue  # `x = None` frees
-        else:
-            continue
-        if rhs is None:
-            continue
-        nodes[name] = _node_from_rhs(name, rhs, meta)
+        meta = _parse_annotation(st.annotation) if st.annotation is not None else None
+        if st.kind == "input":
+            placeholders.append(st.name)
+        nodes[st.name] = _node_from_statement(st, meta)
     return nodes, placeholders, returned
 
 
-def _node_from_rhs(name: str, rhs: ast.AST, meta: _Meta | None) -> _Node:
-    if isinstance(rhs, ast.Call):
-        target = _dotted(rhs.func) or ""
-        op = target[len("torch.ops."):] if target.startswith("torch.ops.") else target
-        args = tuple(_value(a) for a in rhs.args)
-        kwargs = {k.arg: _value(k.value) for k in rhs.keywords if k.arg}
-        return _Node(name, "call", meta, op=op, args=args, kwargs=kwargs)
-    if isinstance(rhs, ast.Subscript) and isinstance(rhs.value, ast.Name) and isinstance(rhs.slice, ast.Constant):
-        return _Node(name, "getitem", meta, source=rhs.value.id, index=int(rhs.slice.value))
-    if isinstance(rhs, ast.Attribute) and _dotted(rhs) and _dotted(rhs).startswith("self."):
-        return _Node(name, "input", meta)  # get_attr: a constant or frozen parameter the graph reads
-    return _Node(name, "other", meta)
+def _node_from_statement(st: FxStatement, meta: _Meta | None) -> _Node:
+    if st.kind == "call":
+        return _Node(st.name, "call", meta, op=st.op, args=tuple(_value(a) for a in st.args),
+                     kwargs={k: _value(v) for k, v in st.kwargs})
+    if st.kind == "getitem":
+        return _Node(st.name, "getitem", meta, source=st.source, index=st.index)
+    if st.kind in ("input", "attr"):  # attr (get_attr): a constant or frozen parameter the graph reads
+        return _Node(st.name, "input", meta)
+    return _Node(st.name, "other", meta)
 
 
 def _refs(values: Any) -> list[tuple[int, _Ref]]:

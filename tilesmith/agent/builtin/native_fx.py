@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from tilesmith._ast import dotted_name
+from tilesmith._ast import FxTextError, fx_statements
 
 _ANNOTATION = re.compile(r"^(\w+)\[([^\]]*)\]\[([^\]]*)\](.*)$")
 
@@ -173,51 +173,33 @@ def _value(node: ast.AST) -> Any:
 
 def parse_fx(text: str) -> FxGraph:
     """Parse ``text`` (module docstring). Raises :class:`FxParseError` for text without a ``forward``."""
-    body = re.sub(r"^class [^\n]*:", "class _G:", text.strip(), count=1)
     try:
-        tree = ast.parse(body)
-    except SyntaxError as exc:
-        raise FxParseError(f"the FX program is not parseable Python: {exc.msg}") from None
-    forward = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "forward"), None)
-    if forward is None:
-        raise FxParseError("the FX program has no forward()")
+        statements = fx_statements(text)
+    except FxTextError as exc:
+        raise FxParseError(str(exc)) from None
     nodes: dict[str, Node] = {}
     placeholders: list[str] = []
     dynamic = False
-    for arg in forward.args.args[1:]:
-        ann = arg.annotation.value if isinstance(arg.annotation, ast.Constant) else None
-        meta, dyn = _parse_meta(ann if isinstance(ann, str) else None)
-        dynamic = dynamic or dyn or meta is None
-        nodes[arg.arg] = Node(arg.arg, "input", meta)
-        placeholders.append(arg.arg)
     returned: tuple[Any, ...] = ()
-    for stmt in forward.body:
-        if isinstance(stmt, ast.Return):
-            value = _value(stmt.value) if stmt.value is not None else ()
+    for st in statements:
+        if st.kind == "return":
+            value = _value(st.value) if st.value is not None else ()
             returned = value if isinstance(value, tuple) else (value,)
             continue
-        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.value is not None:
-            name, rhs = stmt.target.id, stmt.value
-            ann = stmt.annotation.value if isinstance(stmt.annotation, ast.Constant) else None
-            meta, dyn = _parse_meta(ann if isinstance(ann, str) else None)
-            dynamic = dynamic or dyn
-        elif isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
-            name, rhs, meta = stmt.targets[0].id, stmt.value, None
-            if isinstance(rhs, ast.Constant) and rhs.value is None:
-                continue  # `x = None` frees a name
-        else:
+        meta, dyn = _parse_meta(st.annotation)
+        if st.kind == "input":
+            dynamic = dynamic or dyn or meta is None
+            nodes[st.name] = Node(st.name, "input", meta)
+            placeholders.append(st.name)
             continue
-        if isinstance(rhs, ast.Call):
-            target = dotted_name(rhs.func) or ""
-            op = target[len("torch.ops."):] if target.startswith("torch.ops.") else target
-            nodes[name] = Node(name, "call", meta, op=op, args=tuple(_value(a) for a in rhs.args),
-                               kwargs={k.arg: _value(k.value) for k in rhs.keywords if k.arg})
-        elif isinstance(rhs, ast.Subscript) and isinstance(rhs.value, ast.Name) and isinstance(rhs.slice, ast.Constant):
-            nodes[name] = Node(name, "getitem", meta, source=rhs.value.id, index=int(rhs.slice.value))
-        elif isinstance(rhs, ast.Attribute) and (dotted_name(rhs) or "").startswith("self."):
-            nodes[name] = Node(name, "attr", meta)
+        dynamic = dynamic or dyn
+        if st.kind == "call":
+            nodes[st.name] = Node(st.name, "call", meta, op=st.op, args=tuple(_value(a) for a in st.args),
+                                  kwargs={k: _value(v) for k, v in st.kwargs})
+        elif st.kind == "getitem":
+            nodes[st.name] = Node(st.name, "getitem", meta, source=st.source, index=st.index)
         else:
-            nodes[name] = Node(name, "other", meta)
+            nodes[st.name] = Node(st.name, st.kind, meta)
     users: dict[str, int] = {}
 
     def count(value: Any) -> None:
