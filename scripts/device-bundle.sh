@@ -3,7 +3,7 @@
 # (gitignored; name it in the device tool's `carry`):
 #   .device/whl/              wheels (CPython 3.12, manylinux x86_64) of the packages in this checkout's .venv that the
 #                             machine's image lacks (the image's package list: $IMAGE_LIST, one name per line, or the
-#                             "Packages:" line of the device library's KINDS.md)
+#                             "Packages:" line of the device library's list of machine kinds, $KINDS_MD)
 #   .device/cli-proxy-api.gz  the CLIProxyAPI binary `make proxy` built
 #   .device/bwrap-debs/       bubblewrap for the agent's gpu_shell (scripts/bwrap-bundle.sh download)
 # Usage: scripts/device-bundle.sh   (after `make install proxy`; needs network; ~25 MB)
