@@ -108,19 +108,23 @@ def _pool_values() -> list[list[torch.Tensor]]:
 
 
 def _evaluate(cand: Any, tmp_path: Path, k: int = K, rounds: int = ROUNDS, static: tuple[int, ...] = (),
-              device: str = "cpu") -> tuple[dict[str, Any], timing.Schedule, list[Any]]:
+              device: str = "cpu", sequential: bool = False, worker_cls: type | None = None,
+              workers: list[Any] | None = None) -> tuple[dict[str, Any], timing.Schedule, list[Any]]:
     """One timing run of ``cand`` against the reference; returns (answer, schedule, spot failures).
-    ``static``: inputs kept in one buffer across the calls of a sample (as ``GateProblem.static_input_idxs``)."""
+    ``static``: inputs kept in one buffer across the calls of a sample (as ``GateProblem.static_input_idxs``);
+    ``worker_cls``: the worker (default :class:`_ThreadWorker`), appended to ``workers`` when given."""
     pool_values = _pool_values()
     pool = {f"pool{i}": v for i, v in enumerate(pool_values)}
     expected = [{"kind": "tensor", "shape": [8, 16], "dtype": "torch.float32", "nbytes": 8 * 16 * 4}]
-    worker = _ThreadWorker({"orig": _reference, "cand": cand}, pool, expected, device)
+    worker = (worker_cls or _ThreadWorker)({"orig": _reference, "cand": cand}, pool, expected, device)
+    if workers is not None:
+        workers.append(worker)
     try:
         sched = timing.make_schedule(["orig", "cand"], pool_values, rounds, seed=1, static=static)
         run = timing.TimingRun(holders={"orig": worker, "cand": worker}, untrusted=[], pool=list(pool),
                                target_ms=0.01, max_sample_ms=50.0, flush=1024, expected=expected,
                                start_timeout_s=60, sample_timeout_s=60, spot_dir=tmp_path, warmup_ms=0.0,
-                               calls_per_sample=k, sequential=False)
+                               calls_per_sample=k, sequential=sequential)
         answer = timing.run_timing(run, sched)
     finally:
         worker.close()
@@ -168,20 +172,10 @@ def test_every_sample_is_followed_by_its_release_and_copies_never_precede_a_samp
     test, the candidate's sample of a deciding round is kept until the look, and when the run stops there it is
     the always-checked last sample, copied by ``finish``."""
     monkeypatch.setattr(timing, "SPOT_CHECKS", 6)
-    pool_values = _pool_values()
-    pool = {f"pool{i}": v for i, v in enumerate(pool_values)}
-    expected = [{"kind": "tensor", "shape": [8, 16], "dtype": "torch.float32", "nbytes": 8 * 16 * 4}]
-    worker = _Recording({"orig": _reference, "cand": _reference}, pool, expected)
-    try:
-        sched = timing.make_schedule(["orig", "cand"], pool_values, ROUNDS, seed=3)
-        run = timing.TimingRun(holders={"orig": worker, "cand": worker}, untrusted=[], pool=list(pool),
-                               target_ms=0.01, max_sample_ms=50.0, flush=1024, expected=expected,
-                               start_timeout_s=60, sample_timeout_s=60, spot_dir=tmp_path, warmup_ms=0.0,
-                               calls_per_sample=K, sequential=sequential)
-        answer = timing.run_timing(run, sched)
-    finally:
-        worker.close()
-    assert answer["ok"], answer
+    seen: list[Any] = []
+    answer, sched, fails = _evaluate(_reference, tmp_path, sequential=sequential, worker_cls=_Recording, workers=seen)
+    worker = seen[0]
+    assert fails == []
     phases = [phase for phase, _ in worker.log]
     assert phases[:2] == ["prepare", "sets"] and phases[-1] == "finish"
     body = worker.log[2:-1]
