@@ -37,10 +37,42 @@ T = SimpleNamespace(
 )
 
 
+#: Device tensors of at least this many bytes are copied to the host through page-locked memory.
+PINNED_COPY_BYTES = 1 << 20
+
+
 def compact_cpu(t: torch.Tensor) -> torch.Tensor:
     """A contiguous CPU copy that owns exactly its elements (``torch.save`` writes whole storages, and a
-    guarded buffer's storage includes its guard tail)."""
-    return t.detach().to("cpu", copy=True).contiguous()
+    guarded buffer's storage includes its guard tail).
+
+    CUDA tensors of :data:`PINNED_COPY_BYTES` or more go through page-locked host memory (PyTorch's caching host
+    allocator keeps the blocks for the next copy): on the H200, a 256 MiB device-to-host copy into fresh pageable
+    memory took 0.205 s (1.3 GB/s, first-touch page faults), a pinned one runs at the PCIe/C2C rate."""
+    t = t.detach()
+    if t.device.type == "cuda" and t.numel() * t.element_size() >= PINNED_COPY_BYTES:
+        try:
+            out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        except RuntimeError:  # no page-locked memory left: the plain copy below
+            pass
+        else:
+            out.copy_(t)
+            return out
+    return t.to("cpu", copy=True).contiguous()
+
+
+def fast_saves() -> None:
+    """Turn off ``torch.save``'s CRC-32 of every record in this process (``torch.utils.serialization.config``;
+    a no-op on a torch without it). The host never checks it (``torch.load`` does not, and a worker's file is
+    untrusted whatever its checksum says) and computing it dominated the saves: 0.54 s of a 256 MiB save on the
+    H200 (2026-12-04), 0.69 s vs 0.07 s on a CI machine. Called once at the worker's start, before the
+    baselines of global state are taken, so a candidate sees it as part of the worker it was given."""
+    try:
+        from torch.utils.serialization import config
+    except ImportError:
+        return
+    save = getattr(config, "save", None)
+    if save is not None and hasattr(save, "compute_crc32"):
+        save.compute_crc32 = False
 
 
 def against_expected(outs: Any, expected: list[dict[str, Any]]) -> str | None:

@@ -31,7 +31,7 @@ from tilesmith.gate.worker import audit, bindings
 from tilesmith.gate.worker import runtime as worker_runtime
 from tilesmith.gate.worker import sidefx
 from tilesmith.gate.worker import timing as worker_timing
-from tilesmith.gate.worker.bindings import T, against_expected, compact_cpu
+from tilesmith.gate.worker.bindings import T, against_expected, compact_cpu, fast_saves
 from tilesmith.gate.worker.runtime import GuardedAllocator, InputSet
 
 #: Recipes whose input lists a worker keeps made on its device at once (check steps use each variant once or
@@ -524,8 +524,11 @@ def _warm_compilers(device: torch.device) -> str:
 
 
 def _warm_serialization(device: torch.device) -> None:
-    """Save and load once before the baselines: pickling caches ``__slotnames__`` on ``torch.Tensor``."""
+    """Save and load once before the baselines: pickling caches ``__slotnames__`` on ``torch.Tensor``; saves
+    without CRC-32 (:func:`.bindings.fast_saves`)."""
     import io
+
+    fast_saves()
 
     buffer = io.BytesIO()
     sample = torch.zeros(2, device=device)
