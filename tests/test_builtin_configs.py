@@ -319,3 +319,66 @@ def test_cpu_compile_proposes_a_configuration_variant_through_the_gate(cpu_test_
         torch.testing.assert_close(again(x), model(x))
     torch._dynamo.reset()
     assert len(seen) == 1 and seen[0] is not None and seen[0].payload
+
+
+# -- the 'aten' variant: the graph's ATen operations as a wrapper (CPU: search worker, then the real gate) ------
+class Strided(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x.permute(1, 0, 2).sum(1), torch.relu(x) * 2
+
+
+def test_the_aten_variant_is_screened_in_the_search_worker_and_judged_by_the_gate(tmp_path):
+    from tilesmith.agent.builtin import aten_wrapper
+    from tilesmith.agent.builtin.configs import Variant
+    from tilesmith.agent.builtin.profile import run_search
+    from tilesmith.capture.source import canonicalize
+    from tilesmith.gate import Gate
+    from tilesmith.gate.host.static_scan import scan
+    from tilesmith.records import Candidate
+
+    model, x = Strided(), torch.randn(64, 8, 32)
+    (module,) = _capture(model, x)
+    source = _wrapper_source(model, x)
+    variant = Variant(aten_wrapper.NAME, ((aten_wrapper.MARKER, True),), "ATen operations")
+    profile = run_search(source, "cpu", timeout_s=400, variants=[variant.request()], fx_module=module,
+                         deadline_s=300, original_canonical=canonicalize(source), compile_workers=1)
+    (screen,) = profile.variants
+    assert screen.status == "ok", screen
+    assert screen.ratio and screen.ratio > 0 and screen.screen_rel_l2 is not None and screen.screen_rel_l2 < 1e-5
+    assert "torch.ops.aten.sum.dim_IntList" in screen.source and "async_compile" not in screen.source
+    assert scan(screen.source) == []
+    cap = gs.capture(model, x)[0]
+    with Gate(gs.make_problem(cap, tmp_path / "snap", label="a7e40000 (aten)"), min_improvement=0.02) as gate:
+        verdict = gate.evaluate(Candidate(source=screen.source, proposer="builtin:config:aten"))
+    # Timing on a CPU decides nothing here; the checks must pass, so any rejection is a timing verdict.
+    assert verdict.status in ("accepted", "rejected_slower", "rejected_marginal", "rejected_unconfirmed"), \
+        (verdict.status, verdict.reasons)
+
+
+def test_the_aten_variant_refuses_graphs_it_cannot_run_and_outputs_of_another_layout():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from tilesmith.agent.builtin import aten_wrapper
+
+    assert aten_wrapper.applies("torch.ops.aten.native_dropout.default(x, 0.1, True)")
+    assert aten_wrapper.applies("torch.ops.aten.sum.dim_IntList(x, [1])") is None
+    gm = make_fx(lambda x: (torch.rand_like(x) + x,))(torch.randn(4))
+    with pytest.raises(aten_wrapper.NotApplicable, match="random"):
+        aten_wrapper.wrapper_source(gm)
+    ok = make_fx(lambda x: (x.t().contiguous(),))(torch.randn(4, 3))
+    assert "def call(args):" in aten_wrapper.wrapper_source(ok)
+    a = torch.randn(4, 3)
+    assert aten_wrapper.strides_differ([a], [a.t().contiguous().t()]).startswith("output 0 has strides")
+    assert aten_wrapper.strides_differ([a], [a.clone()]) is None
+    assert "2 outputs" in aten_wrapper.strides_differ([a], [a, a])
+
+
+def test_the_cuda_portfolio_offers_the_aten_variant_except_for_random_graphs():
+    names = [v.name for v in portfolio(fx("gpt2_block_bf16_infer__03"), fixture("gpt2_block_bf16_infer__03"),
+                                       "cuda:0", "medium")[0]]
+    assert names[-1] == "aten"
+    _, skipped = portfolio("torch.ops.aten.native_dropout.default(x, 0.1, True)", "def call(args):\n    pass\n",
+                           "cuda:0", "medium")
+    assert "random" in skipped["aten"]
+    _, low = portfolio(fx("gpt2_block_bf16_infer__03"), fixture("gpt2_block_bf16_infer__03"), "cuda:0", "low")
+    assert "agency 'low'" in low["aten"]

@@ -182,8 +182,15 @@ def compile_main(argv: list[str]) -> int:
 
 
 def _compile(payload: bytes, kwargs: dict[str, Any], variant: dict[str, Any], fxgraph: Any) -> tuple[str, list[str]]:
-    """Inductor's wrapper source for the graph under ``variant``'s patches, and the options this torch lacks."""
+    """Inductor's wrapper source for the graph under ``variant``'s patches, and the options this torch lacks; for
+    the ``aten`` variant (:data:`.aten_wrapper.MARKER`) the graph's ATen code as a wrapper."""
     import torch._inductor.config as inductor_config
+
+    from tilesmith.agent.builtin import aten_wrapper
+
+    if variant["patches"].get(aten_wrapper.MARKER):
+        gm, _, _ = fxgraph.load(payload)
+        return aten_wrapper.wrapper_source(gm), []
     from torch._guards import TracingContext, tracing
     from torch._inductor.compile_fx import compile_fx_inner
 
@@ -241,6 +248,12 @@ def _screen(record: dict[str, Any], source: str, original: Any, args: list[Any],
     record.update(pinned_kernels=len(pins), unpinned_kernels=unpinned)
     error = _screen_error(ref_out, out)
     record["screen_rel_l2"] = error
+    from tilesmith.agent.builtin import aten_wrapper
+
+    layout = aten_wrapper.strides_differ(ref_out, out) if record.get("patches", {}).get(aten_wrapper.MARKER) else None
+    if layout:  # the gate would reject it (output layout): not worth an evaluation
+        record.update(status="incorrect", error=f"{layout} on the screen inputs", source=None)
+        return
     if error is None or error > SCREEN_REL_L2:
         record.update(status="incorrect", error=f"outputs differ from the original's (relative L2 {error}) on the "
                                                 f"screen inputs", source=None)

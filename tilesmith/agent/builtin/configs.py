@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tilesmith.agent.builtin import aten_wrapper
+
 NAME = "config"
 
 _GEMM = re.compile(r"aten\.(mm|addmm|bmm|baddbmm|convolution|_scaled_mm|_int_mm|_weight_int8pack_mm|"
@@ -107,7 +109,8 @@ def portfolio(fx_program: str, source: str, device: str, agency: str) -> tuple[l
     CUTLASS where Inductor has it — with epilogue fusion, wider reduction/pointwise configurations, coordinate
     descent), ``coordinate_descent`` alone, the reduction variants (``no_persistent_reductions``,
     ``no_split_reductions``, ``multi_kernel``) where the graph reduces, ``combo_kernels`` where it has several
-    kernels. CPU (test mode): ``cpp_wrapper`` (Inductor's C++ host wrapper) and, where the graph has matrix
+    kernels, and ``aten`` (:mod:`.aten_wrapper`: no Inductor kernel at all) unless the graph draws random numbers.
+    CPU (test mode): ``cpp_wrapper`` (Inductor's C++ host wrapper) and, where the graph has matrix
     products, ``max_autotune`` (the C++ GEMM template) and both together.
 
     ``agency="low"`` keeps kernel boundaries: only ``coordinate_descent`` (pure tuning) remains.
@@ -137,6 +140,9 @@ def portfolio(fx_program: str, source: str, device: str, agency: str) -> tuple[l
             "persistent and looped reduction kernels, chosen by measurement at the first call", no_red)
         add("combo_kernels", {"combo_kernels": True}, "independent kernels launched as one",
             None if feats["kernels"] >= 2 else "fewer than two kernels")
+        add(aten_wrapper.NAME, {aten_wrapper.MARKER: True},
+            "the graph's ATen operations run one by one (ATen's kernels where they beat Inductor's)",
+            aten_wrapper.applies(fx_program))
         skipped.setdefault("cpp_wrapper", "CUDA C++ wrappers load their kernels' cubins from Inductor's cache "
                                           "folder, outside the candidate: not proposed on CUDA")
     else:

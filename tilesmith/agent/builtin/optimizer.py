@@ -33,7 +33,7 @@ from typing import Any
 from tilesmith import settings
 from tilesmith.agent.builtin.base import Generator, GraphContext, Proposal, Skip
 from tilesmith.agent.builtin.cleanup import CleanupGenerator
-from tilesmith.agent.builtin import configs
+from tilesmith.agent.builtin import aten_wrapper, configs
 from tilesmith.agent.builtin.cudagraph import REPLAY_OVERHEAD_MS, CudaGraphGenerator
 from tilesmith.agent.builtin.launch_config import LaunchConfigGenerator
 from tilesmith.agent.builtin.native import NativeKernelGenerator
@@ -300,8 +300,12 @@ class ConfigOption:
 
     def propose(self, source: str, ctx: GraphContext) -> Proposal:
         text = self.screen.source
-        note = (f"Inductor recompiled with {self.screen.patches} (launch configurations its autotuners chose "
-                f"pinned: {self.screen.pinned_kernels}); screened {self.screen.ratio:.3f}x vs the original")
+        if aten_wrapper.MARKER in self.screen.patches:
+            note = (f"the graph's ATen operations run one by one (no Inductor kernel); screened "
+                    f"{self.screen.ratio:.3f}x vs the original")
+        else:
+            note = (f"Inductor recompiled with {self.screen.patches} (launch configurations its autotuners chose "
+                    f"pinned: {self.screen.pinned_kernels}); screened {self.screen.ratio:.3f}x vs the original")
         if self.cudagraph is not None:
             text = self.cudagraph.propose(text, ctx).source
             note += f", composed with a whole-call CUDA graph (screened replay {self.screen.graph_ms:.4f} ms)"
