@@ -1,9 +1,13 @@
 """The configuration generator's ``aten`` variant: the graph's own ATen operations, run one by one.
 
-Inductor's generated kernel is not always the fastest choice for a graph. On the H200 (2026-12-04,
-docs/benchmarks/results-2026-12-04.md) a strided reduction, ``x.permute(1, 0, 2).sum(1)`` over 2048×32×1024 fp32,
-took 0.112 ms in eager PyTorch (ATen's reduction kernel) and ≥ 0.150 ms under every ``torch.compile`` mode. A user
-can only get eager's kernel back by not compiling the whole model; the built-in agent can, per graph.
+Inductor's generated kernel is not always the fastest choice for a graph, and a user can only get ATen's kernels
+back by not compiling at all; the built-in agent can try them per graph, and the screen and the gate say whether
+they pay. On the H200 (2026-12-04, docs/benchmarks/results-2026-12-04.md) eager PyTorch was the fastest arm end to
+end on two cases: LayerNorm + residual over 32768×4096 bf16 (0.431 ms vs 0.439 ms for max-autotune-no-cudagraphs)
+and ``x.permute(1, 0, 2).sum(1)`` over 2048×32×1024 fp32 (0.112 ms vs ≥ 0.150 ms in every mode). For the second,
+the search worker timed Inductor's wrapper at 0.061 ms (at the 0.065 ms bandwidth floor), so that gap is per-call
+overhead outside the wrapper, which this variant does not remove; whether the variant wins anywhere on the H200 has
+not been measured yet.
 
 :func:`wrapper_source` turns the FX graph Inductor received (post-AOTAutograd ATen IR, from
 :mod:`tilesmith.capture.fxgraph`) into a wrapper module with Inductor's ``call(args)`` ABI whose body is the graph's
