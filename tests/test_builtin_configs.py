@@ -365,6 +365,11 @@ def test_the_aten_variant_refuses_graphs_it_cannot_run_and_outputs_of_another_la
     gm = make_fx(lambda x: (torch.rand_like(x) + x,))(torch.randn(4))
     with pytest.raises(aten_wrapper.NotApplicable, match="random"):
         aten_wrapper.wrapper_source(gm)
+    def shadowing(call, x):
+        return (call + x,)
+
+    with pytest.raises(aten_wrapper.NotApplicable, match="shadow"):
+        aten_wrapper.wrapper_source(torch.fx.symbolic_trace(shadowing))
     ok = make_fx(lambda x: (x.t().contiguous(),))(torch.randn(4, 3))
     assert "def call(args):" in aten_wrapper.wrapper_source(ok)
     a = torch.randn(4, 3)

@@ -1,7 +1,8 @@
-"""How tensors travel from gate workers to the host (tilesmith/gate/worker/bindings.py, host/reference.py): saves
-without CRC-32, memory-mapped loads whose tensors are copied out of the mapping at once, so a process that still
-holds a worker's file open cannot change what the host compares (CPU; the pinned device-to-host copy and the
-copy to the host's GPU run on CUDA only: docs/h200-runs.md, 2026-12-04).
+"""How tensors travel from gate workers to the host (tilesmith/gate/worker/bindings.py, host/reference.py): the
+workers save without CRC-32; the host reads every file into memory of its own (never memory-mapped: a process
+still holding the file open could change what the host compares, or truncate it under the mapping and kill the
+user's process with SIGBUS). CPU; the page-locked device-to-host copy runs on CUDA only (docs/h200-runs.md,
+2026-12-04).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 from tilesmith.errors import WorkerError
-from tilesmith.gate.host.reference import OutputTooLarge, load_checked, load_outputs, own_copy
+from tilesmith.gate.host.reference import OutputTooLarge, load_checked, load_outputs
 from tilesmith.gate.worker.bindings import compact_cpu
 
 
@@ -44,18 +45,22 @@ def _overwrite_data(path, value: bytes) -> int:
     return changed
 
 
-@pytest.mark.parametrize("to_device", [True, False])
-def test_loaded_tensors_do_not_change_when_the_file_is_rewritten_after_the_load(tmp_path, to_device):
+def test_loaded_tensors_do_not_change_when_the_file_is_rewritten_or_truncated_after_the_load(tmp_path):
     path = tmp_path / "out.pt"
     expected = torch.arange(4096, dtype=torch.float32).reshape(64, 64)
     _save(path, [expected.clone(), None], crc=False)
-    data = load_outputs(path, expected_bytes=expected.numel() * 4, to_device=to_device)
+    data = load_outputs(path, expected_bytes=expected.numel() * 4)
     assert _overwrite_data(path, b"\x00") >= expected.numel() * 4
     got = data["outputs"][0]
     assert data["outputs"][1] is None
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
     # the file really changed: a fresh load sees the zeros
     assert float(load_outputs(path, expected_bytes=expected.numel() * 4)["outputs"][0].abs().sum()) == 0.0
+    with open(path, "r+b") as handle:  # truncated under the host: what was read stays, and no signal arrives
+        handle.truncate(0)
+    torch.testing.assert_close(got * 2, expected * 2, rtol=0, atol=0)
+    with pytest.raises(WorkerError):
+        load_outputs(path, expected_bytes=expected.numel() * 4)
 
 
 def test_files_without_crc_load_and_files_too_large_or_unreadable_are_refused(tmp_path):
@@ -68,14 +73,6 @@ def test_files_without_crc_load_and_files_too_large_or_unreadable_are_refused(tm
     (tmp_path / "junk.pt").write_bytes(b"not a zip file at all" * 10)
     with pytest.raises(WorkerError, match="not a plain tensor file"):
         load_checked(tmp_path / "junk.pt", expected_bytes=400_000)
-
-
-def test_own_copy_shares_no_storage_and_stays_on_the_cpu_without_cuda():
-    t = torch.randn(8, 8)
-    c = own_copy(t)
-    assert c.device.type == "cpu" and c.untyped_storage().data_ptr() != t.untyped_storage().data_ptr()
-    torch.testing.assert_close(c, t, rtol=0, atol=0)
-    assert own_copy(t, to_device=False).device.type == "cpu"
 
 
 def test_compact_cpu_copies_only_the_elements_of_a_strided_view():

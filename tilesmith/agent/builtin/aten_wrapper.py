@@ -14,7 +14,8 @@ not been measured yet.
 code as ``torch.fx`` prints it: ``torch.ops.aten.*`` calls, nothing else. It is screened like every other variant
 (correct on the screen inputs, same output strides as the original, paired timing) and then judged by the gate.
 Not produced for graphs with random operations (ATen's generator stream is not Inductor's, so the outputs would
-differ) or whose code needs names other than ``torch``, ``device``, ``inf`` and ``nan``.
+differ) or whose code needs names other than ``torch``, ``device``, ``inf`` and ``nan``, or whose inputs are named like the
+wrapper's own names.
 """
 
 from __future__ import annotations
@@ -26,10 +27,13 @@ NAME = "aten"
 #: Patch key that marks the ``aten`` variant in a variant request (never a ``torch._inductor.config`` option).
 MARKER = "tilesmith.aten_ops"
 
-_RANDOM = re.compile(r"\b(rand|randn|randint|rand_like|randn_like|randint_like|bernoulli|native_dropout|"
-                     r"multinomial|normal|uniform|exponential|geometric|cauchy|log_normal|random_|"
-                     r"philox_rand|inductor_random|inductor_seeds|seed|seeds)\b")
-_ALLOWED_GLOBALS = {"torch", "device", "inf", "nan", "NoneType"}
+_RANDOM = re.compile(r"\b(?:rand|randn|randint|randperm|rand_like|randn_like|randint_like|bernoulli|native_dropout|"
+                     r"multinomial|normal|uniform|exponential|geometric|cauchy|log_normal|random|poisson|binomial|"
+                     r"_standard_gamma|_sample_dirichlet|rrelu_with_noise|philox_rand|inductor_random|inductor_seeds|"
+                     r"seed|seeds)(?:_|\b)")
+_ALLOWED_GLOBALS = {"torch", "device", "inf", "nan"}
+#: Names the generated module defines itself: a graph input of one of these names would shadow them.
+_RESERVED = {"torch", "device", "inf", "nan", "call", "args", "_graph"}
 HEADER = ("# Tilesmith built-in agent, configuration variant 'aten': the FX graph's ATen operations run one by one\n"
           "# (ATen's kernels; no Inductor-generated kernel). Same call(args) ABI as Inductor's wrapper.\n")
 
@@ -53,8 +57,12 @@ def wrapper_source(gm: Any) -> str:
             needs globals other than ``torch``, ``device``, ``inf``, ``nan``.
     """
     graph = gm.graph
-    if any(n.op == "get_attr" for n in graph.nodes):
-        raise NotApplicable("the graph reads module attributes (constants), which a wrapper cannot rebuild")
+    if any(n.op in ("get_attr", "call_module") for n in graph.nodes):
+        raise NotApplicable("the graph reads module attributes or calls submodules, which a wrapper cannot rebuild")
+    params = [str(n.name) for n in graph.nodes if n.op == "placeholder"]
+    clash = sorted(set(params) & _RESERVED)
+    if clash:
+        raise NotApplicable(f"graph inputs named {', '.join(clash)} would shadow the wrapper's own names")
     code = graph.python_code(root_module="self")
     extra = sorted(set(code.globals) - _ALLOWED_GLOBALS)
     used = [name for name in extra if re.search(rf"\b{re.escape(name)}\b", code.src)]
@@ -65,9 +73,8 @@ def wrapper_source(gm: Any) -> str:
         raise NotApplicable(reason)
     src = code.src.strip("\n")
     match = re.search(r"^def forward\(self(?:, )?(.*?)\):", src, re.M)
-    if match is None:
-        raise NotApplicable("the graph's code has no forward(self, ...) function")
-    params = [p.strip() for p in match.group(1).split(",") if p.strip()]
+    if match is None or [p.strip() for p in match.group(1).split(",") if p.strip()] != params:
+        raise NotApplicable("the graph's code has no forward(self, <its inputs>) function")
     body = src[match.end():].rstrip()
     unpack = (f"    {', '.join(params)}{',' if len(params) == 1 else ''} = args\n" if params else "")
     return (HEADER + "import torch\nfrom torch import device\n\ninf = float('inf')\nnan = float('nan')\n\n\n"

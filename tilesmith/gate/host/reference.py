@@ -4,7 +4,7 @@
 and nothing else, ever; :mod:`tilesmith.gate.worker.reference`) to run the original on input lists it makes
 itself from recipes (:func:`tilesmith.gate.inputs.recipe`), so no input values travel between processes and
 nothing is staged through host memory. The outputs come back in a ``torch.save`` file that the host reads with
-:func:`load_outputs` (size-checked before ``torch.load(weights_only=True, mmap=True)``, then copied); facts (layout, clobbered inputs,
+:func:`load_outputs` (size-checked before ``torch.load(weights_only=True)``); facts (layout, clobbered inputs,
 RNG digest, non-finite count, wall time) come in the JSON answer. The user's own compiled callable is not
 called: the user's process does no device work for the gate, and an invented integer input that the original
 would reject with a device-side assert can only break the trusted worker (which the gate then replaces).
@@ -104,7 +104,7 @@ class TrustedReference:
             outputs: list[Any] = []
             mutated: dict[int, torch.Tensor] = {}
             if run.get("save"):
-                data = load_outputs(Path(run["save"]), self.expected_bytes, to_device=False)
+                data = load_outputs(Path(run["save"]), self.expected_bytes)
                 _unlink(Path(run["save"]))
                 outputs = list(data["outputs"])
                 mutated = {int(i): t for i, t in data["mutated_inputs"]}
@@ -137,12 +137,8 @@ def _unlink(path: Path) -> None:
 _FILE_OVERHEAD, _PER_TENSOR_OVERHEAD = 64 * 1024, 4 * 1024
 
 
-def load_checked(path: Path, expected_bytes: int, tensors: int = 64, *, to_device: bool = True) -> Any:
-    """``torch.load(weights_only=True, mmap=True)`` of a worker-written file after checking its size, every tensor
-    copied out of the mapping at once (:func:`own_copy`), so that nothing the host compares can change after the
-    load (a process holding the file open could change a mapped page). ``to_device``: big tensors may go to the
-    host's GPU (a candidate's outputs, compared at once and dropped); ``False`` for the trusted worker's
-    references, which the host keeps for the whole phase and must not hold in the user's GPU memory.
+def load_checked(path: Path, expected_bytes: int, tensors: int = 64) -> Any:
+    """``torch.load(weights_only=True)`` of a worker-written file after checking its size.
 
     Raises:
         WorkerError: the file is missing; :class:`OutputTooLarge` when it is larger than
@@ -157,54 +153,18 @@ def load_checked(path: Path, expected_bytes: int, tensors: int = 64, *, to_devic
         raise OutputTooLarge(f"worker output file holds {size} bytes; the original's outputs need at most "
                              f"{limit} bytes with container overhead", size, limit)
     try:
-        data = torch.load(path, weights_only=True, map_location="cpu", mmap=True)
+        return torch.load(path, weights_only=True, map_location="cpu")
     except Exception as exc:  # noqa: BLE001 - anything unreadable is the worker's fault
         raise WorkerError(f"worker output file {path} is not a plain tensor file: {type(exc).__name__}") from None
-    return _owned(data, to_device)
 
 
-#: Tensors of at least this many bytes in a candidate's file go straight from the mapping to the host's GPU
-#: (when CUDA is initialized there and has 4x their size free): the comparison runs there anyway
-#: (:data:`tilesmith.gate.host.compare.DEVICE_COMPARE_ELEMENTS`), and the CPU copy in between cost ~0.2 s per
-#: 256 MiB on the H200 (2026-12-04).
-DEVICE_COPY_BYTES = 1 << 26
-
-
-def own_copy(t: torch.Tensor, to_device: bool = True) -> torch.Tensor:
-    """A copy of ``t`` that shares no memory with a file mapping: with ``to_device``, on the current CUDA device
-    for a tensor of :data:`DEVICE_COPY_BYTES` or more when CUDA is initialized here and has room; else a CPU
-    clone."""
-    nbytes = t.numel() * t.element_size()
-    if to_device and nbytes >= DEVICE_COPY_BYTES and torch.cuda.is_available() and torch.cuda.is_initialized():
-        try:
-            free, _ = torch.cuda.mem_get_info()
-            if free >= 4 * nbytes:
-                return t.to(torch.device("cuda", torch.cuda.current_device()), copy=True)
-        except RuntimeError:  # out of memory or a broken context: the CPU copy
-            pass
-    return t.clone()
-
-
-def _owned(obj: Any, to_device: bool) -> Any:
-    if type(obj) is torch.Tensor:
-        return own_copy(obj, to_device)
-    if isinstance(obj, list):
-        return [_owned(x, to_device) for x in obj]
-    if isinstance(obj, tuple):
-        return tuple(_owned(x, to_device) for x in obj)
-    if isinstance(obj, dict):
-        return {k: _owned(v, to_device) for k, v in obj.items()}
-    return obj
-
-
-def load_outputs(path: Path, expected_bytes: int, tensors: int = 64, *, to_device: bool = True) -> dict[str, Any]:
-    """Read a worker's ``{"outputs": [...], "mutated_inputs": [[i, tensor], ...]}`` file (see :func:`load_checked`;
-    ``to_device=False`` for the trusted worker's references).
+def load_outputs(path: Path, expected_bytes: int, tensors: int = 64) -> dict[str, Any]:
+    """Read a worker's ``{"outputs": [...], "mutated_inputs": [[i, tensor], ...]}`` file (see :func:`load_checked`).
 
     Raises:
         WorkerError: missing, too large, or not that mapping of plain tensors/None.
     """
-    data = load_checked(path, expected_bytes, tensors, to_device=to_device)
+    data = load_checked(path, expected_bytes, tensors)
     if not isinstance(data, dict) or not isinstance(data.get("outputs"), list):
         raise WorkerError(f"worker output file {path} does not hold an outputs mapping")
     for item in data["outputs"]:
