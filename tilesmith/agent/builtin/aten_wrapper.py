@@ -33,7 +33,7 @@ _RANDOM = re.compile(r"\b(?:rand|randn|randint|randperm|rand_like|randn_like|ran
                      r"seed|seeds)(?:_|\b)")
 _ALLOWED_GLOBALS = {"torch", "device", "inf", "nan"}
 #: Names the generated module defines itself: a graph input of one of these names would shadow them.
-_RESERVED = {"torch", "device", "inf", "nan", "call", "args", "_graph"}
+_RESERVED = _ALLOWED_GLOBALS | {"call", "args", "_graph"}
 HEADER = ("# Tilesmith built-in agent, configuration variant 'aten': the FX graph's ATen operations run one by one\n"
           "# (ATen's kernels; no Inductor-generated kernel). Same call(args) ABI as Inductor's wrapper.\n")
 

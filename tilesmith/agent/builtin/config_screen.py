@@ -184,13 +184,12 @@ def compile_main(argv: list[str]) -> int:
 def _compile(payload: bytes, kwargs: dict[str, Any], variant: dict[str, Any], fxgraph: Any) -> tuple[str, list[str]]:
     """Inductor's wrapper source for the graph under ``variant``'s patches, and the options this torch lacks; for
     the ``aten`` variant (:data:`.aten_wrapper.MARKER`) the graph's ATen code as a wrapper."""
-    import torch._inductor.config as inductor_config
-
     from tilesmith.agent.builtin import aten_wrapper
 
     if variant["patches"].get(aten_wrapper.MARKER):
         gm, _, _ = fxgraph.load(payload)
         return aten_wrapper.wrapper_source(gm), []
+    import torch._inductor.config as inductor_config
     from torch._guards import TracingContext, tracing
     from torch._inductor.compile_fx import compile_fx_inner
 
