@@ -35,9 +35,10 @@ class Profile:
 
     They only order and filter proposals; the gate re-measures everything that is installed.
 
-    ``eager_ms``: wall-clock time per call of ``call(args)`` in a loop synchronized once at the end (the
-    throughput the host can drive, max(host, GPU)). ``graph_ms``: time per replay of the same call captured
-    into one CUDA graph (GPU time without host launch overhead); ``None`` when the capture failed, with
+    ``eager_ms``: wall-clock time per call of ``call(args)``; on CUDA each call is followed by a device
+    synchronize (the latency of an isolated call, host launch work included, as the gate times calls); on the CPU
+    calls back to back. ``graph_ms``: the same per replay of the call captured into one CUDA graph (GPU time
+    without the host's launch work); ``None`` when the capture failed, with
     ``capture_error`` saying why. ``kernels``: per kernel variable name, every measured configuration.
     """
 

@@ -15,10 +15,10 @@ request, in order, while the request's deadline allows:
    gate measures is exactly the source that is installed, and nothing autotunes again at the user's first call;
 4. **screen correctness**: outputs against the original wrapper's on the same inputs (relative L2 error ≤ 1e-2,
    NaN/Inf positions equal: a cheap filter; the gate's checks decide);
-5. **screen timing**: paired rounds against the original (alternating order, each a batch of back-to-back calls
-   synchronized once: max(host, GPU) throughput, as ``eager_ms``), the median of per-round ratios; on CUDA also the
-   time per replay of the variant captured into one CUDA graph (``graph_ms``), for the composition with the
-   ``cudagraph`` generator.
+5. **screen timing**: paired rounds against the original (alternating order, each a batch of calls; on CUDA each
+   call synchronized, i.e. the latency of an isolated call as the gate times it, as ``eager_ms``), the median of
+   per-round ratios; on CUDA also the time per synchronized replay of the variant captured into one CUDA graph
+   (``graph_ms``), for the composition with the ``cudagraph`` generator.
 
 Every record is written to the result file as soon as it is complete (the worker may be killed at its limit; the
 host keeps what was written). Inputs: the wrapper's own ``get_args()`` (random floats, zero integers), the same
@@ -294,8 +294,8 @@ def paired_ratio(run_a: Callable[[], Any], run_b: Callable[[], Any], kind: str, 
                  ) -> tuple[float, float, float]:
     """``(median of per-round time_a / time_b, median ms per call of a, of b)`` over ``rounds`` paired rounds.
 
-    Each round times a batch of back-to-back calls of each arm (order alternating between rounds), synchronized
-    once at the end of the batch; the batch size makes arm ``a``'s batch last ≥ :data:`SCREEN_BATCH_S`.
+    Each round times a batch of calls of each arm (order alternating between rounds; on CUDA every call
+    synchronized: :func:`_batch`); the batch size makes arm ``a``'s batch last ≥ :data:`SCREEN_BATCH_S`.
     """
     target = SCREEN_BATCH_S[kind]
     n = 1
@@ -317,11 +317,13 @@ def paired_ratio(run_a: Callable[[], Any], run_b: Callable[[], Any], kind: str, 
 
 
 def _batch(fn: Callable[[], Any], n: int, kind: str) -> float:
+    """Seconds for ``n`` calls of ``fn``; on CUDA each call is synchronized (isolated calls, as the gate times
+    them: :func:`tilesmith.gate.worker.timing._timed`)."""
     _sync(kind)
     t0 = time.perf_counter()
     for _ in range(n):
         fn()
-    _sync(kind)
+        _sync(kind)
     return time.perf_counter() - t0
 
 

@@ -8,10 +8,11 @@ wrapper source, ``device``, ``max_configs``, and for the configuration generator
 is compiled); the result JSON, rewritten atomically whenever a part is complete (so a worker killed at its
 limit leaves what it finished), holds:
 
-- ``eager_ms``: per-call time of ``call(args)`` called back to back, synchronized once per batch (best of 3
-  batches; the batch grows until it lasts ≥ 50 ms), i.e. the throughput max(host, GPU);
-- ``graph_ms``: the same for replays of one CUDA graph captured from ``call`` (GPU time without host
-  launch overhead), or ``capture_error`` when the capture raised;
+- ``eager_ms``: per-call time of ``call(args)``, each call followed by a device synchronize (best of 3
+  batches; the batch grows until it lasts ≥ 50 ms), i.e. the latency of an isolated call, host launch work
+  included, as the gate times calls (:func:`tilesmith.gate.worker.timing._timed`);
+- ``graph_ms``: the same for replays of one CUDA graph captured from ``call`` (GPU time without the host
+  launch work), or ``capture_error`` when the capture raised;
 - ``kernels``: per tunable kernel, every planned configuration with its time in ms from Inductor's own
   ``CachingAutotuner.benchmark_all_configs`` (``benchmarker.benchmark_gpu``: L2 flushed, in-place arguments
   cloned, minimum of the runs) and whether it is one of Inductor's defaults; ``kernel_skips`` why other
@@ -162,11 +163,12 @@ def measure_call(call: Any, get_args: Any, *, eager: bool = True) -> tuple[float
 
 
 def _best_rate(fn: Any, *, sync: bool = True) -> float:
-    """Best of 3 batches (the batch doubles until it lasts ≥ 50 ms), in ms per call."""
+    """Best of 3 batches (the batch doubles until it lasts ≥ 50 ms), in ms per call; with ``sync`` (CUDA) every
+    call is followed by a device synchronize (isolated calls)."""
+    import torch
+
     def wait() -> None:
         if sync:
-            import torch
-
             torch.cuda.synchronize()
 
     n = 1
@@ -175,7 +177,7 @@ def _best_rate(fn: Any, *, sync: bool = True) -> float:
         t0 = time.perf_counter()
         for _ in range(n):
             fn()
-        wait()
+            wait()
         if time.perf_counter() - t0 >= 0.05 or n >= 4096:
             break
         n *= 2
@@ -185,7 +187,7 @@ def _best_rate(fn: Any, *, sync: bool = True) -> float:
         t0 = time.perf_counter()
         for _ in range(n):
             fn()
-        wait()
+            wait()
         best = min(best, (time.perf_counter() - t0) / n * 1e3)
     return best
 

@@ -13,8 +13,9 @@ own worker, an incumbent in a third); each worker runs the arms it holds through
             as they are in real use; every other input has ``k``.
 ``sample``  Refresh the ``k`` live sets **in place** with ``k`` distinct value sets (:func:`fill_set`; a static
             input once, with call 0's values), flush the cache (write a buffer larger than L2/LLC),
-            synchronize, start the clock, run call ``j`` on set ``j`` for ``j < k``, keeping **every** output,
-            synchronize the whole device (work left on other streams is inside the sample), stop the clock.
+            synchronize, start the clock, run call ``j`` on set ``j`` for ``j < k``, keeping **every** output and
+            synchronizing the whole device after each call (isolated calls, see :func:`_timed`; work left on
+            other streams is inside the sample), stop the clock.
             CUDA: events recorded on the current stream; CPU (test mode): the worker process's CPU time
             (``CLOCK_PROCESS_CPUTIME_ID``, every thread of the process), so that time the scheduler gives to
             other processes on a busy machine is not counted.
@@ -77,7 +78,16 @@ _STATE: dict[str, _Session | None] = {"session": None}
 
 
 def _timed(device: torch.device, flush: torch.Tensor, fn: Any, argsets: list[list[Any]]) -> tuple[float, float, list[Any]]:
-    """One sample: ``fn`` once per argument list, every output kept until the clock has stopped."""
+    """One sample: ``fn`` once per argument list, every output kept until the clock has stopped.
+
+    CUDA: the calls are **isolated**: the whole device is synchronized after each call, so a sample is the sum of
+    the calls' latencies as a caller that waits for each result sees them (the host's launch work for the call
+    included, not hidden behind the previous call's kernels). Without it a graph whose host work is as long as
+    its kernels timed the same under a CUDA graph as without one, while a caller that synchronizes per call (a
+    decode loop, a step that reads a loss) sees the difference (H200, 2026-12-04: a GPT-2 block's wrapper screened
+    at 0.30 ms per call back to back; the suite, synchronizing per call, measured 0.56 ms for it end to end and
+    0.46 ms under ``mode="reduce-overhead"``).
+    """
     outs: list[Any] = [None] * len(argsets)
     flush.fill_(0)
     sync(device)
@@ -87,7 +97,7 @@ def _timed(device: torch.device, flush: torch.Tensor, fn: Any, argsets: list[lis
         T.event_record(start)
         for j, args in enumerate(argsets):
             outs[j] = fn(args)
-        T.cuda_sync(device)
+            T.cuda_sync(device)
         T.event_record(end)
         T.event_sync(end)
         ms = T.elapsed(start, end)
