@@ -27,6 +27,10 @@ which say ``timeout`` for such cases, count the same. With ``--resume``, cases t
 ``timeout`` in ``--out``/results.json are kept and not run again, while ``skipped``/``killed_budget`` ones are
 retried, so repeated invocations of the same command fill in a suite that does not fit one device command.
 
+Each case's process writes its progress (``bench/harness.py``: phases, arms, rounds, the deadline signal) and
+Tilesmith's log messages to ``--out``/logs/<case>.log, unbuffered, so a case killed at its limit leaves what it
+printed until then.
+
 Exit status: 0 when every selected case ran or was skipped for the budget (arms may still have failed, see the
 report), 1 when the limits could not be measured, 2 on bad arguments.
 """
@@ -132,9 +136,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def child_env(device: str, graph_budget_s: float | None = None, optimize: str | None = None) -> dict[str, str]:
-    """Environment of the subprocesses: the repository importable; CPU test mode when ``device`` is cpu;
-    ``TILESMITH_GRAPH_BUDGET_S`` when ``graph_budget_s`` is given, ``TILESMITH_OPTIMIZE`` when ``optimize`` is."""
-    env = dict(os.environ)
+    """Environment of the subprocesses: the repository importable; Python's output unbuffered (their stdout is
+    a log file, block-buffered otherwise, and a process killed at its limit would lose what it printed last);
+    CPU test mode when ``device`` is cpu; ``TILESMITH_GRAPH_BUDGET_S`` when ``graph_budget_s`` is given,
+    ``TILESMITH_OPTIMIZE`` when ``optimize`` is."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO), env.get("PYTHONPATH", "")) if p)
     if device == "cpu":
         env["TILESMITH_ALLOW_CPU"] = "1"

@@ -666,3 +666,29 @@ def test_resume_keeps_measured_cases_whatever_their_old_status_and_retries_the_c
     # a budget of 0 s skips every case it runs: only the cut one was run again
     assert statuses == {"softmax_fp32_long": "done", "layernorm_residual_bf16": "done", "int8_gemv_bf16": "skipped"}
 
+
+# ------------------------------------------------------------------------------------ per-case logs
+
+def test_run_log_keeps_what_the_case_printed_before_it_was_killed(tmp_path, monkeypatch):
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)  # as when the suite is started without gpu-suite.sh
+    script = ("import signal, time\n"
+              "signal.signal(signal.SIGUSR1, signal.SIG_IGN)\n"
+              "print('eager: ok, first call 0.1 s')\n"
+              "time.sleep(30)\n")
+    log = tmp_path / "case.log"
+    code, tail, _ = suite._run([sys.executable, "-c", script], log, 3.0, suite.child_env("cpu"), grace_s=1.0)
+    assert code is None
+    assert "eager: ok, first call 0.1 s" in log.read_text() and "eager: ok" in tail
+
+
+def test_case_log_holds_the_harness_output(tmp_path):
+    out = tmp_path / "out"
+    (out / "logs").mkdir(parents=True)
+    (out / "limits.json").write_text(_limits_file(tmp_path).read_text())
+    args = _suite_args(tmp_path, "--arms", "eager", "--tilesmith-cache", "shared")
+    options = {"arms": ["eager"], "tiny": True, "rounds": 2, "calls_per_round": 1, "seed": 0}
+    case = suite._one_case("mlp_fp32", args, out, suite.child_env("cpu"), options, time.perf_counter())
+    assert case["status"] == "done", case
+    text = (out / "logs" / "mlp_fp32.log").read_text()
+    for line in ("case mlp_fp32", "captured 1 graph", "eager: ok", "round 2/2", "done"):
+        assert line in text, text
