@@ -32,6 +32,11 @@ compile interrupts that arm (a Tilesmith first call re-raises it, as it does ``K
 later arms uncompiled, then the compiled arms are timed as usual; during the rounds it ends them after the
 current one. Either way the case still writes what it measured and says where it was ``interrupted``. On CPU (test mode) the host clock replaces the events, nothing is flushed and the process runs
 one intra-op thread.
+
+**Log.** The case writes its results only to its JSON file; what it prints is for the case's log (the suite sends
+stdout and stderr to ``--out/logs/<case>.log``): a line per phase, arm and round with the seconds since the
+process started (:func:`say`), the moment the deadline signal was handled, and Tilesmith's own log records at
+INFO (graph decisions, ``tilesmith.progress``) on stderr.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ import copy
 import dataclasses
 import gc
 import json
+import logging
 import math
 import os
 import signal
@@ -80,10 +86,21 @@ class CaseDeadline(KeyboardInterrupt):
 
 
 _DEADLINE = {"hit": False, "raise": False}
+_T0 = time.perf_counter()
+
+
+def say(text: str) -> None:
+    """One line of the case's log (module docstring, "Log"): seconds since the process started, then ``text``."""
+    print(f"[{time.perf_counter() - _T0:7.1f} s] {text}", flush=True)
 
 
 def _on_deadline(signum: int, frame: Any) -> None:
     _DEADLINE["hit"] = True
+    where = frame.f_code.co_name if frame is not None else "?"
+    # os.write, not print: the handler may run inside a print of the main thread, and a buffered stream refuses
+    # a reentrant call
+    os.write(2, f"[{time.perf_counter() - _T0:7.1f} s] deadline signal (SIGUSR1) handled in {where}: "
+                f"{'interrupting the compile' if _DEADLINE['raise'] else 'no compile running'}\n".encode())
     if _DEADLINE["raise"]:
         raise CaseDeadline("the suite's deadline for this case (SIGUSR1)")
 
@@ -265,6 +282,7 @@ def run_case(name: str, device: torch.device, limits: DeviceLimits, options: dic
                    "statistic": "median over rounds of the per-round median; ratios: median over rounds of "
                                 "the per-round ratio, 95 % percentile bootstrap"},
         "arms": {}, "rounds": []}
+    say(f"case {name} on {device}: arms {', '.join(requested)}; {rounds} rounds x {calls} calls, {warmup} warm-up")
 
     def save() -> None:
         result["wall_s"] = time.perf_counter() - start
@@ -277,9 +295,12 @@ def run_case(name: str, device: torch.device, limits: DeviceLimits, options: dic
         t0 = time.perf_counter()
         result["graphs"], result["floor"] = cost_graphs(capture_graphs(workload), limits)
         result["capture_s"] = time.perf_counter() - t0
+        say(f"captured {len(result['graphs'])} graph(s) in {result['capture_s']:.1f} s; floor "
+            f"{result['floor'].get('floor_ms') or float('nan'):.4g} ms")
     except Exception as exc:  # noqa: BLE001
         result["capture_error"] = f"{type(exc).__name__}: {exc}"
         result["graphs"], result["floor"] = [], {"floor_ms": None}
+        say(f"capture failed: {result['capture_error']}")
     result["method"]["recompile_limit"] = _raise_recompile_limit()
     save()
 
@@ -288,6 +309,7 @@ def run_case(name: str, device: torch.device, limits: DeviceLimits, options: dic
         if _DEADLINE["hit"]:
             result["arms"][name_] = {"status": "error", "failed_in": "not compiled",
                                      "error": "the case's deadline came before this arm was compiled"}
+            say(f"{name_}: not compiled (the deadline came first)")
             continue
         arms.append(_compile_arm(name_, workload, options, build, result, save, warmup))
         if _DEADLINE["hit"]:
@@ -309,6 +331,10 @@ def run_case(name: str, device: torch.device, limits: DeviceLimits, options: dic
     result["comparison"] = compare(result["arms"])
     result["status"] = "done"
     save()
+    vs_best = result["comparison"].get("tilesmith_vs_best") or {}
+    say(f"done in {result['wall_s']:.1f} s: best mode {result['comparison']['best_mode']}"
+        + (f", tilesmith over it {vs_best['ratio']:.3f}x" if vs_best.get("ratio") else "")
+        + (f"; interrupted {result['interrupted']}" if result.get("interrupted") else ""))
     return result
 
 
@@ -326,6 +352,7 @@ def _compile_arm(name: str, workload: Workload, options: dict[str, Any], build: 
     arm = _Arm(name, copy.deepcopy(workload.model), {"status": "compiling"})
     result["arms"][name] = arm.result
     phase = "build"
+    say(f"{name}: compiling")  # this line and the result line are printed where the deadline cannot raise
     _DEADLINE["raise"] = True
     restore = _cold_caches(name) if options.get("cold_caches", True) and name != "eager" else {}
     arm.result["cold_caches"] = bool(restore)
@@ -363,6 +390,11 @@ def _compile_arm(name: str, workload: Workload, options: dict[str, Any], build: 
                 os.environ.pop(var, None)
             else:
                 os.environ[var] = value
+    if arm.ok:
+        say(f"{name}: ok, first call {arm.result['first_call_s']:.1f} s"
+            + (f", decided {arm.result['decided_s']:.1f} s" if "decided_s" in arm.result else ""))
+    else:
+        say(f"{name}: failed in {phase}: {arm.result['error']}")
     save()
     return arm
 
@@ -393,6 +425,7 @@ def _run_rounds(arms: list[_Arm], workload: Workload, device: torch.device, roun
     for r, order in enumerate(orders):  # round 0 is the untimed warm-up round
         if _DEADLINE["hit"] and not signalled_before and r > 1:
             result["interrupted"] = f"after round {r - 1} of {rounds}"
+            say(f"rounds interrupted {result['interrupted']}")
             break
         entry: dict[str, Any] = {"order": order, "ms": {}}
         for name in order:
@@ -405,6 +438,7 @@ def _run_rounds(arms: list[_Arm], workload: Workload, device: torch.device, roun
                                      lambda a=arm: prepare(a.model, workload), device, calls, flush)
             except Exception as exc:  # noqa: BLE001
                 arm.fail("warmup_round" if r == 0 else f"round {r}", exc)
+                say(f"{name}: failed in {arm.result['failed_in']}: {arm.result['error']}")
                 continue
             again = compile_count() - before
             if again:
@@ -417,6 +451,7 @@ def _run_rounds(arms: list[_Arm], workload: Workload, device: torch.device, roun
             for arm in arms:
                 arm.round_ms.append(entry["ms"].get(arm.name))
             save()
+            say(f"round {r}/{rounds}: " + " ".join(f"{a}={ms:.4f}ms" for a, ms in entry["ms"].items()))
     del flush
 
 
@@ -436,6 +471,9 @@ def _check(arms: list[_Arm], workload: Workload) -> None:
             del snap
         except Exception as exc:  # noqa: BLE001
             arm.fail("check", exc)
+            say(f"{arm.name}: failed in check: {arm.result['error']}")
+    say("check: max rel. error vs eager " + " ".join(f"{a.name}={a.result['max_rel_err']:.1e}" for a in arms
+                                                      if a.ok and a.result.get("max_rel_err") is not None))
     if workload.train:
         for arm in arms:
             arm.model.zero_grad(set_to_none=True)
@@ -530,6 +568,9 @@ def main(argv: list[str] | None = None) -> int:
     one.add_argument("--options", default="{}", help="JSON: agent, agency, loops, max_model_calls, arms, tiny, "
                      "rounds, calls_per_round, warmup, seed")
     args = parser.parse_args(argv)
+    logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s: "
+                        "%(message)s")
+    logging.getLogger("tilesmith").setLevel(logging.INFO)  # its graph decisions belong in the case's log
     _prepare_process(args.device)
     if hasattr(signal, "SIGUSR1"):
         signal.signal(signal.SIGUSR1, _on_deadline)
@@ -546,6 +587,7 @@ def main(argv: list[str] | None = None) -> int:
             device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
     run_case(args.case, device, load_limits(args.limits), json.loads(args.options), args.out)
+    say(f"wrote {args.out}; exiting")  # what follows, until the process ends, is Python's and Tilesmith's exit
     return 0
 
 

@@ -40,6 +40,35 @@ def arm_ms(case: dict[str, Any], arm: str) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
+STOPPED = ("timeout", "killed_budget")
+"""Statuses the suite gives a case its limit stopped (``bench/suite.py``); :func:`settle` makes a measured one
+``done``."""
+
+MEASURED_NOTE = ("stopped at its limit after every arm was measured: only work that follows the measurement was cut "
+                 "(e.g. the optimizer's remaining background work, the process's exit)")
+
+
+def measured(case: dict[str, Any]) -> bool:
+    """Whether ``case`` holds the whole measurement it was asked for: every requested arm
+    (``method.compile_order``; without it, the arms present) timed, the rounds not cut short (no ``interrupted``)
+    and the ratios computed (``comparison``, which the harness writes only after the rounds and the checks)."""
+    requested = (case.get("method") or {}).get("compile_order") or list(case.get("arms") or {})
+    return (bool(requested) and bool(case.get("comparison")) and not case.get("interrupted")
+            and all(arm_ms(case, arm) is not None for arm in requested))
+
+
+def settle(case: dict[str, Any]) -> dict[str, Any]:
+    """Apply the rule for cases stopped at their limit to ``case`` (in place; returned): one of :data:`STOPPED`
+    that is :func:`measured` anyway is ``done``, with the suite's stop message moved from ``error`` into
+    ``note``. The suite applies it to every case it records and every case it reads from a results file, so
+    files written before the rule (which say ``timeout`` for such cases) count the same."""
+    if case.get("status") in STOPPED and measured(case):
+        stop = case.pop("error", None)
+        case["status"] = "done"
+        case["note"] = MEASURED_NOTE + (f" ({stop})" if stop else "")
+    return case
+
+
 def _cmp(case: dict[str, Any]) -> dict[str, Any]:
     return case.get("comparison") or {}
 
@@ -142,8 +171,8 @@ def _summary_lines(result: dict[str, Any], s: dict[str, Any]) -> list[str]:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    """The whole report as Markdown (sections: summary, times, ratios, compile, Tilesmith, cost, floors,
-    errors)."""
+    """The whole report as Markdown (sections: summary, times, ratios, compile, Tilesmith, cost and notes,
+    floors, errors)."""
     cases = result.get("cases") or []
     arms = [a for a in ARM_LABELS if any(a in c.get("arms", {}) for c in cases)]
     others = [a for a in arms if a != "tilesmith"]
@@ -187,7 +216,7 @@ def markdown(result: dict[str, Any]) -> str:
         for case in cases:
             lines.append(f"| {case['case']} | " + " | ".join(_ratio(vs(case, a)) for a in others) + " |")
     lines += _compile_lines(cases, arms) + _tilesmith_lines(cases) + _miss_lines(cases)
-    lines += _cost_lines(cases) + _floor_lines(cases)
+    lines += _cost_lines(cases) + _note_lines(cases) + _floor_lines(cases)
     lines += _problem_lines(cases)
     return "\n".join(lines) + "\n"
 
@@ -272,6 +301,12 @@ def _cost_lines(cases: list[dict[str, Any]]) -> list[str]:
                      f"{_fmt(compiles or None, '.1f')} | {_fmt(case.get('rounds_s'), '.1f')} | "
                      f"{_fmt(case.get('check_s'), '.1f')} |")
     return lines
+
+
+def _note_lines(cases: list[dict[str, Any]]) -> list[str]:
+    """The cases' notes (e.g. a case stopped at its limit after every arm was measured: :func:`settle`)."""
+    notes = [f"- {c['case']}: {c['note']}" for c in cases if c.get("note")]
+    return ["", "Notes:", "", *notes] if notes else []
 
 
 def _floor_lines(cases: list[dict[str, Any]]) -> list[str]:

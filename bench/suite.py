@@ -19,9 +19,17 @@ Budget (``--budget-s``, seconds of this invocation): a case starts only when its
 (``bench/cases.py``) fits in what is left; otherwise it is recorded as ``skipped`` and later, smaller cases are
 still tried. A running case gets at most the time left (and ``--timeout-per-case``): ``GRACE_S`` before that
 limit it is signalled to stop compiling and report the arms it has (``bench/harness.py``, "Deadline"), and at
-the limit it is killed; such a case is ``killed_budget`` when the suite budget ran out, else ``timeout``. With ``--resume``, cases that are ``done``/``error``/``timeout`` in
-``--out``/results.json are kept and not run again, while ``skipped``/``killed_budget`` ones are retried, so
-repeated invocations of the same command fill in a suite that does not fit one device command.
+the limit it is killed. A case so stopped whose results hold every arm it was asked for, all rounds and the
+ratios (``bench.report.measured``) is ``done`` with a ``note`` saying it was stopped after its measurement;
+otherwise it is ``killed_budget`` when the suite budget ran out, else ``timeout``. The same rule applies to the
+cases of results files read by ``--resume`` and ``--merge`` (``bench.report.settle``), so files from before it,
+which say ``timeout`` for such cases, count the same. With ``--resume``, cases that are ``done``/``error``/
+``timeout`` in ``--out``/results.json are kept and not run again, while ``skipped``/``killed_budget`` ones are
+retried, so repeated invocations of the same command fill in a suite that does not fit one device command.
+
+Each case's process writes its progress (``bench/harness.py``: phases, arms, rounds, the deadline signal) and
+Tilesmith's log messages to ``--out``/logs/<case>.log, unbuffered, so a case killed at its limit leaves what it
+printed until then.
 
 Exit status: 0 when every selected case ran or was skipped for the budget (arms may still have failed, see the
 report), 1 when the limits could not be measured, 2 on bad arguments.
@@ -128,9 +136,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def child_env(device: str, graph_budget_s: float | None = None, optimize: str | None = None) -> dict[str, str]:
-    """Environment of the subprocesses: the repository importable; CPU test mode when ``device`` is cpu;
-    ``TILESMITH_GRAPH_BUDGET_S`` when ``graph_budget_s`` is given, ``TILESMITH_OPTIMIZE`` when ``optimize`` is."""
-    env = dict(os.environ)
+    """Environment of the subprocesses: the repository importable; Python's output unbuffered (their stdout is
+    a log file, block-buffered otherwise, and a process killed at its limit would lose what it printed last);
+    CPU test mode when ``device`` is cpu; ``TILESMITH_GRAPH_BUDGET_S`` when ``graph_budget_s`` is given,
+    ``TILESMITH_OPTIMIZE`` when ``optimize`` is."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO), env.get("PYTHONPATH", "")) if p)
     if device == "cpu":
         env["TILESMITH_ALLOW_CPU"] = "1"
@@ -218,7 +228,7 @@ def run_suite(args: argparse.Namespace) -> dict[str, Any]:
                "calls_per_round": args.calls_per_round, "seed": args.seed, "graph_budget_s": args.graph_budget_s,
                "optimize": args.optimize,
                "tilesmith_cache": args.tilesmith_cache}
-    previous = _load(out / "results.json") if args.resume else None
+    previous = _load_results(out / "results.json") if args.resume else None
     kept = {c["case"]: c for c in (previous or {}).get("cases", []) if c.get("status") not in RETRY_STATUSES}
     result: dict[str, Any] = previous if previous else {"format": FORMAT, "created_utc": _now(), "cases": []}
     result.setdefault("invocations", []).append({"command": command, "started_utc": _now(), "options": options,
@@ -261,6 +271,7 @@ def _one_case(name: str, args: argparse.Namespace, out: Path, env: dict[str, str
                 "error": f"skipped: estimated {estimate:.0f} s, {max(left, 0):.0f} s left of the suite budget of "
                          f"{args.budget_s:.0f} s (run again with --resume to fill it in)"}
     timeout = args.timeout_per_case if left is None else min(args.timeout_per_case, left)
+    grace = min(GRACE_S, timeout / 3)
     case_json = out / f"case_{name}.json"
     case_json.unlink(missing_ok=True)
     if args.tilesmith_cache == "fresh":
@@ -271,16 +282,19 @@ def _one_case(name: str, args: argparse.Namespace, out: Path, env: dict[str, str
     code, tail, signalled = _run([sys.executable, str(HARNESS), "case", "--case", name, "--device", args.device,
                                   "--limits", str(out / "limits.json"), "--out", str(case_json),
                                   "--options", json.dumps(options)],
-                                 out / "logs" / f"{name}.log", timeout, env, grace_s=min(GRACE_S, timeout / 3))
+                                 out / "logs" / f"{name}.log", timeout, env, grace_s=grace)
     case = _load(case_json) or {"case": name, "arms": {}}
     case_json.unlink(missing_ok=True)
     by_budget = left is not None and timeout >= left
     why = "the suite budget ran out" if by_budget else "--timeout-per-case"
     if code is None or signalled:
         case["status"] = "killed_budget" if by_budget else "timeout"
-        case["error"] = (f"killed after {timeout:.0f} s ({why}; the phases it finished are kept)" if code is None
-                         else f"stopped {min(GRACE_S, timeout / 3):.0f} s before its {timeout:.0f} s limit ({why}): "
-                         f"{case.get('interrupted', 'interrupted')}; the arms compiled by then were measured")
+        stop = (f"killed at its {timeout:.0f} s limit" if code is None
+                else f"stopped {grace:.0f} s before its {timeout:.0f} s limit") + f" ({why})"
+        case["error"] = stop + ("; the phases it finished are kept" if code is None
+                                else f": {case['interrupted']}; the arms compiled by then were measured"
+                                if case.get("interrupted") else "")
+        report.settle(case)
     elif code != 0:
         case["status"] = "error"
         case["error"] = f"case process exited with {code}: {tail[-800:]}"
@@ -304,6 +318,15 @@ def _load(path: Path) -> dict[str, Any] | None:
         return None
 
 
+def _load_results(path: Path) -> dict[str, Any] | None:
+    """A results file with its cases settled (``bench.report.settle``: a stopped but measured case is ``done``,
+    whichever suite version wrote the file), or ``None`` when it cannot be read."""
+    doc = _load(path)
+    for case in (doc or {}).get("cases", []):
+        report.settle(case)
+    return doc
+
+
 def _print_case(case: dict[str, Any]) -> None:
     cells = []
     for arm in ARMS:
@@ -318,12 +341,13 @@ def _print_case(case: dict[str, Any]) -> None:
 
 
 def merge(paths: list[Path]) -> dict[str, Any]:
-    """One results document from several: cases by name (a later file's case replaces an earlier one's),
-    limits and environment of the first file, every file's invocations and limits under ``parts``."""
+    """One results document from several: cases by name, settled (``bench.report.settle``; a later file's case
+    replaces an earlier one's unless it is skipped or killed_budget), limits and environment of the first file,
+    every file's invocations and limits under ``parts``."""
     merged: dict[str, Any] = {"format": FORMAT, "created_utc": _now(), "cases": [], "parts": [], "invocations": []}
     cases: dict[str, dict[str, Any]] = {}
     for path in paths:
-        doc = _load(path)
+        doc = _load_results(path)
         if doc is None:
             raise ValueError(f"--merge: cannot read {path} as JSON")
         merged.setdefault("limits", doc.get("limits"))

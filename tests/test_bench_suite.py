@@ -556,3 +556,139 @@ def test_markdown_explains_a_case_below_the_best_mode_with_the_gates_reasons():
     section = text.split("## Cases below 0.98× of the best mode")[1].split("\n## ")[0]
     assert "**slow**: 0.800×" in section and "builtin:config → rejected_slower 0.970× (slower: 0.97)" in section
     assert "**a**" not in section  # 1.21× is not a miss
+
+
+# ------------------------------------------------------------------------ cases stopped at their limit
+
+def _measured_case(name):
+    """A case whose harness measured every arm it was asked for: all six timed, the comparison computed."""
+    case = _fake_case(name, 1.1, 1.3)
+    case["arms"]["max-autotune"] = _arm([1.5] * 3, 9.0)
+    case["method"]["compile_order"] = list(ARMS)
+    case["comparison"] = harness.compare(case["arms"])
+    return case
+
+
+def _cut_case(name):
+    """A case the deadline cut while the Tilesmith arm compiled: five arms timed, Tilesmith not."""
+    case = _measured_case(name)
+    case["arms"]["tilesmith"] = {"status": "error", "failed_in": "first_call",
+                                 "error": "CaseDeadline: the suite's deadline for this case (SIGUSR1)"}
+    case["interrupted"] = "while compiling tilesmith"
+    case["comparison"] = harness.compare(case["arms"])
+    return case
+
+
+def _old_stopped(case, status="timeout"):
+    """``case`` as older suites wrote a case stopped at its limit (docs/benchmarks/results-2026-12-04.json)."""
+    case.update(status=status, error="stopped 45 s before its 170 s limit (--timeout-per-case): interrupted; the "
+                                     "arms compiled by then were measured")
+    return case
+
+
+def _suite_args(tmp_path, *more):
+    return suite.parse_args(["--tiny", "--device", "cpu", "--out", str(tmp_path / "out"),
+                             "--limits", str(_limits_file(tmp_path)), *more])
+
+
+@pytest.mark.parametrize("outcome", [(0, True), (None, True)], ids=["signalled-then-exited", "killed-at-limit"])
+def test_case_stopped_after_every_arm_was_measured_counts_as_done(tmp_path, monkeypatch, outcome):
+    def fake_run(cmd, log, timeout, env, grace_s=0.0):
+        out = Path(cmd[cmd.index("--out") + 1])
+        name = cmd[cmd.index("--case") + 1]
+        out.write_text(json.dumps(_measured_case(name) if name == "softmax_fp32_long" else _cut_case(name)))
+        return (*outcome[:1], "", outcome[1])
+
+    monkeypatch.setattr(suite, "_run", fake_run)
+    args = _suite_args(tmp_path, "--timeout-per-case", "170")
+    (tmp_path / "out").mkdir()
+    started = time.perf_counter()
+    whole = suite._one_case("softmax_fp32_long", args, tmp_path / "out", {}, {}, started)
+    cut = suite._one_case("layernorm_residual_bf16", args, tmp_path / "out", {}, {}, started)
+    assert whole["status"] == "done" and "error" not in whole
+    assert whole["note"].startswith("stopped at its limit after every arm was measured")
+    assert "170 s limit (--timeout-per-case)" in whole["note"]
+    assert cut["status"] == "timeout" and "note" not in cut and "170 s limit (--timeout-per-case)" in cut["error"]
+    assert ("while compiling tilesmith" in cut["error"]) == (outcome[0] is not None)  # killed: maybe mid-rounds
+    s = report.summary({"cases": [whole, cut]})
+    assert s["cases_not_done"] == ["layernorm_residual_bf16"] and s["cases_compared"] == 1
+    text = report.markdown({"cases": [whole, cut], "limits": {}})
+    assert "not done: layernorm_residual_bf16." in text
+    assert "- softmax_fp32_long: stopped at its limit after every arm was measured" in text
+
+
+def test_measured_needs_every_requested_arm_timed_the_rounds_whole_and_the_ratios():
+    assert report.measured(_measured_case("a"))
+    assert not report.measured(_cut_case("a"))
+    rounds_cut = _measured_case("a") | {"interrupted": "after round 2 of 18"}
+    assert not report.measured(rounds_cut)
+    no_ratios = _measured_case("a")
+    del no_ratios["comparison"]  # killed before the harness compared the arms
+    assert not report.measured(no_ratios)
+    fewer = _cut_case("a")  # only the arms it was asked for count
+    fewer["method"]["compile_order"] = [a for a in ARMS if a != "tilesmith"]
+    del fewer["interrupted"]
+    assert report.measured(fewer)
+
+
+def test_merge_reads_old_results_with_measured_timeout_cases_as_done(tmp_path):
+    first, second = _fake_result(), _fake_result()
+    first["cases"] = [_old_stopped(_measured_case("softmax_fp32_long")), _old_stopped(_cut_case("layernorm"))]
+    second["cases"] = [_old_stopped(_measured_case("int8_gemv_bf16"), "killed_budget"),
+                       {"case": "softmax_fp32_long", "status": "skipped", "arms": {}}]
+    paths = [tmp_path / "1.json", tmp_path / "2.json"]
+    for path, doc in zip(paths, (first, second), strict=True):
+        path.write_text(json.dumps(doc))
+    merged = suite.merge(paths)
+    by_name = {c["case"]: c for c in merged["cases"]}
+    assert by_name["softmax_fp32_long"]["status"] == "done"  # measured: the later skipped entry does not replace it
+    assert by_name["int8_gemv_bf16"]["status"] == "done"
+    assert "stopped 45 s before its 170 s limit" in by_name["softmax_fp32_long"]["note"]
+    assert "error" not in by_name["softmax_fp32_long"]
+    assert by_name["layernorm"]["status"] == "timeout"
+    paths = suite.write_outputs(merged, tmp_path / "out")
+    assert merged["summary"]["cases_not_done"] == ["layernorm"] and merged["summary"]["cases_compared"] == 2
+    assert "not done: layernorm." in paths["markdown"].read_text()
+
+
+def test_resume_keeps_measured_cases_whatever_their_old_status_and_retries_the_cut_ones(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    previous = _fake_result()
+    previous["cases"] = [_old_stopped(_measured_case("softmax_fp32_long")),
+                         _old_stopped(_measured_case("layernorm_residual_bf16"), "killed_budget"),
+                         _old_stopped(_cut_case("int8_gemv_bf16"), "killed_budget")]
+    (out / "results.json").write_text(json.dumps(previous))
+    args = _suite_args(tmp_path, "--resume", "--budget-s", "0", "--cases",
+                       "softmax_fp32_long,layernorm_residual_bf16,int8_gemv_bf16")
+    result = suite.run_suite(args)
+    statuses = {c["case"]: c["status"] for c in result["cases"]}
+    # a budget of 0 s skips every case it runs: only the cut one was run again
+    assert statuses == {"softmax_fp32_long": "done", "layernorm_residual_bf16": "done", "int8_gemv_bf16": "skipped"}
+
+
+# ------------------------------------------------------------------------------------ per-case logs
+
+def test_run_log_keeps_what_the_case_printed_before_it_was_killed(tmp_path, monkeypatch):
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)  # as when the suite is started without gpu-suite.sh
+    script = ("import signal, time\n"
+              "signal.signal(signal.SIGUSR1, signal.SIG_IGN)\n"
+              "print('eager: ok, first call 0.1 s')\n"
+              "time.sleep(30)\n")
+    log = tmp_path / "case.log"
+    code, tail, _ = suite._run([sys.executable, "-c", script], log, 3.0, suite.child_env("cpu"), grace_s=1.0)
+    assert code is None
+    assert "eager: ok, first call 0.1 s" in log.read_text() and "eager: ok" in tail
+
+
+def test_case_log_holds_the_harness_output(tmp_path):
+    out = tmp_path / "out"
+    (out / "logs").mkdir(parents=True)
+    (out / "limits.json").write_text(_limits_file(tmp_path).read_text())
+    args = _suite_args(tmp_path, "--arms", "eager", "--tilesmith-cache", "shared")
+    options = {"arms": ["eager"], "tiny": True, "rounds": 2, "calls_per_round": 1, "seed": 0}
+    case = suite._one_case("mlp_fp32", args, out, suite.child_env("cpu"), options, time.perf_counter())
+    assert case["status"] == "done", case
+    text = (out / "logs" / "mlp_fp32.log").read_text()
+    for line in ("case mlp_fp32", "captured 1 graph", "eager: ok", "round 2/2", "done"):
+        assert line in text, text
