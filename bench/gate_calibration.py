@@ -152,6 +152,12 @@ class Trials:
             self.incumbent.kill()
         self.incumbent = self.gate._take_worker()
         self._load(self.incumbent, "inc", source)
+        self.use_control(source)
+
+    def use_control(self, source: str) -> None:
+        """With the control arm on, load ``source`` as ``ctl`` in every candidate worker: the code the gate would
+        use as the control, i.e. the baseline the trials compare against (the original for A/A trials, the
+        incumbent for gain trials)."""
         if self.control:
             for w in self.workers:
                 self._load(w, "ctl", control_copy(source))
@@ -424,6 +430,9 @@ def main() -> int:
             slow_source, amount, ratio = calibrate_extra(trials, cap.source, args.device, 0.05, pairs)
             row["extra_work"] = {"amount": amount, "unit": "seconds" if args.device == "cpu" else "cycles",
                                  "measured_speedup": ratio}
+            # calibrate_extra left the slowed incumbent as the control; an A/A trial's baseline is the original
+            # (before 2026-12-04 it was not reset, and the in-process A/A ratios of 1.04-1.06 were this slowdown).
+            trials.use_control(cap.source)
             t1 = time.monotonic()
             aa = trials.gates(args.aa, pairs, 1000 * gi + 1, with_incumbent=False,
                               deadline=share(2 * left_graphs, left_graphs))
@@ -431,6 +440,7 @@ def main() -> int:
             print(f"{name}: A/A {row['aa']['accepted']}/{row['aa']['gates']} accepted, "
                   f"{row['aa']['seconds_per_gate']:.2f} s per A/A gate", flush=True)
             save()
+            trials.use_control(slow_source)
             t1 = time.monotonic()
             gain = trials.gates(args.gain, pairs, 1000 * gi + 2, with_incumbent=True,
                                 deadline=share(2 * left_graphs - 1, left_graphs))

@@ -125,8 +125,9 @@ class Gate:
         self.control = False
         """Decide on the candidate against the baseline's code timed in the candidate's own process (arm ``ctl``;
         :func:`tilesmith.gate.host.stats.decide_controlled`); the baseline in its own process guards the pass.
-        Off until calibrated on the H200: on the CPU (2026-12-02) the in-process A/A ratio was itself biased
-        (1.035–1.050 in four processes, unexplained) while the cross-process one was 0.986–1.007 (docs/gate.md)."""
+        Off until calibrated on the H200. The in-process A/A bias once measured on the CPU (1.035–1.050) was a bug
+        of the calibration benchmark (its A/A control was the slowed incumbent); fixed, the CPU in-process A/A
+        ratios were 0.997–1.014 (2026-12-04, docs/gate.md)."""
         self.preload = self.device.type == "cuda"
         self.second_trusted = True
         """The confirmation is timed against a second trusted worker (the original only, too), so measurement and
