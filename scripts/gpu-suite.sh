@@ -51,7 +51,7 @@ for part in "${parts[@]}"; do
     bench)    bout="${BENCH_OUT:-/tmp/tilesmith-bench}"   # survives between calls while the machine stays warm
               [[ -n "${BENCH_RESUME:-}" ]] || rm -rf "$bout"/results.json "$bout"/limits.json "$bout"/tilesmith-cache
               "$PY" bench/suite.py --out "$bout" ${BENCH_RESUME:+--resume} --budget-s "${BENCH_BUDGET_S:-530}" \
-                --timeout-per-case "${BENCH_CASE_TIMEOUT_S:-420}" --cases "${BENCH_CASES:-part1,part2,part3}" \
+                --timeout-per-case "${BENCH_CASE_TIMEOUT_S:-420}" --cases "${BENCH_CASES:-part1,part2,part3,part4,part5,part6,part7}" \
                 ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"; rc=$((rc|${PIPESTATUS[0]}))
               mkdir -p "$OUT/benchmarks/logs"
               cp "$bout"/results.json "$bout"/results.md "$bout"/limits.json "$OUT/benchmarks/" 2>/dev/null
