@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from bench.harness import Workload, capture_graphs
 from tests.fixture_paths import H200
-from tilesmith.agent.builtin.native_fx import parse_fx
+from tilesmith.fx_text import parse_fx
 from tilesmith.agent.builtin.native_match import NORM_MAX_D, NoMatch, match_program
 
 BF = torch.bfloat16

@@ -39,14 +39,12 @@ data sheet). This module measures nothing: it needs no device (torch only for dt
 
 from __future__ import annotations
 
-import ast
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tilesmith._ast import FxStatement, FxTextError, fx_statements
+from tilesmith.fx_text import DType, FxTextError, Meta, Node, Ref, parse_fx
 from tilesmith.records import CapturedGraph, InputSpec, RooflineFloor, TensorSpec
 
 __all__ = ["DeviceLimits", "GraphCost", "RooflineParseError", "floor_from_cost", "floor_from_fx", "graph_cost",
@@ -111,8 +109,6 @@ class GraphCost:
 
 # ---------------------------------------------------------------------------------------------- parsing
 
-_ANNOTATION = re.compile(r"^(\w+)\[([^\]]*)\]\[([^\]]*)\](.*)$")
-
 _VIEW_OPS = frozenset({
     "aten.view", "aten._unsafe_view", "aten.reshape", "aten.permute", "aten.transpose", "aten.t",
     "aten.expand", "aten.unsqueeze", "aten.squeeze", "aten.slice", "aten.select", "aten.as_strided",
@@ -124,42 +120,6 @@ _MULTI_VIEW_OPS = frozenset({"aten.split", "aten.split_with_sizes", "aten.unbind
 # op -> index of the argument whose reads are bounded by the output size
 _GATHER_OPS = {"aten.embedding": 0, "aten.index": 0, "aten.index_select": 0, "aten.gather": 0,
                "aten.take": 0}
-
-
-@dataclass
-class _Meta:
-    dtype: str
-    shape: tuple[int, ...]
-    stride: tuple[int, ...]
-    itemsize: int
-
-    @property
-    def distinct_bytes(self) -> int:
-        return _distinct_elements(self.shape, self.stride) * self.itemsize
-
-
-@dataclass
-class _Node:
-    name: str
-    kind: str  # "input" | "call" | "getitem" | "other"
-    meta: _Meta | None = None
-    op: str | None = None  # "aten.mm.default"
-    args: tuple[Any, ...] = ()
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    source: str | None = None  # getitem: the tuple node
-    index: int | None = None
-
-    @property
-    def packet(self) -> str | None:
-        if self.op is None:
-            return None
-        parts = self.op.split(".")
-        return ".".join(parts[:2]) if len(parts) >= 2 else self.op
-
-
-@dataclass(frozen=True)
-class _Ref:
-    name: str
 
 
 def _distinct_elements(shape: Sequence[int], stride: Sequence[int]) -> int:
@@ -193,90 +153,41 @@ def _itemsize(abbr: str) -> int:
     return int(_torch_dtype(abbr).itemsize)
 
 
-def _int_list(text: str, what: str) -> tuple[int, ...]:
-    text = text.strip()
-    if not text:
-        return ()
-    try:
-        return tuple(int(v) for v in text.split(","))
-    except ValueError:
-        raise RooflineParseError(f"symbolic {what} [{text}]: dynamic shapes have no fixed roofline floor") from None
-
-
-def _parse_annotation(text: str) -> _Meta | None:
-    if text.startswith("Sym("):
-        raise RooflineParseError(f"symbolic input {text}: dynamic shapes have no fixed roofline floor")
-    m = _ANNOTATION.match(text.strip())
-    if m is None:
-        return None
-    abbr = m.group(1)
-    return _Meta(abbr, _int_list(m.group(2), "shape"), _int_list(m.group(3), "stride"), _itemsize(abbr))
-
-
-def _meta_from_spec(spec: InputSpec) -> _Meta | None:
+def _meta_from_spec(spec: InputSpec) -> Meta | None:
     if not isinstance(spec, TensorSpec):
         return None
-    abbr = _short_dtype(spec.dtype)
-    return _Meta(abbr, tuple(spec.shape), tuple(spec.stride), _itemsize(abbr))
+    return Meta(_short_dtype(spec.dtype), tuple(spec.shape), tuple(spec.stride), spec.device)
 
 
+def _parse(fx_program: str) -> tuple[dict[str, Node], tuple[str, ...], tuple[Any, ...]]:
+    """Nodes by name, placeholder names in order, and the returned values (:func:`tilesmith.fx_text.parse_fx`).
 
-
-def _value(node: ast.AST) -> Any:
-    if isinstance(node, ast.Name):
-        return _Ref(node.id)
-    if isinstance(node, ast.Constant):
-        return node.value
-    if isinstance(node, (ast.List, ast.Tuple)):
-        return [_value(e) for e in node.elts]
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        inner = _value(node.operand)
-        return -inner if isinstance(inner, (int, float)) else None
-    return None  # dtypes, devices, layouts: irrelevant to the cost
-
-
-def _parse(fx_program: str) -> tuple[dict[str, _Node], list[str], list[Any]]:
-    """Nodes by name, placeholder names in order, and the returned values."""
+    Raises:
+        RooflineParseError: text without ``forward``, a symbolic annotation, or a dtype torch does not know.
+    """
     try:
-        statements = fx_statements(fx_program)
+        graph = parse_fx(fx_program)
     except FxTextError as exc:
         raise RooflineParseError(str(exc)) from None
-    nodes: dict[str, _Node] = {}
-    placeholders: list[str] = []
-    returned: list[Any] = []
-    for st in statements:
-        if st.kind == "return":
-            value = _value(st.value) if st.value is not None else []
-            returned = value if isinstance(value, list) else [value]
-            continue
-        meta = _parse_annotation(st.annotation) if st.annotation is not None else None
-        if st.kind == "input":
-            placeholders.append(st.name)
-        nodes[st.name] = _node_from_statement(st, meta)
-    return nodes, placeholders, returned
+    if graph.symbolic:
+        name = graph.symbolic[0]
+        raise RooflineParseError(f"symbolic annotation of {name}: dynamic shapes have no fixed roofline floor")
+    for node in graph.nodes.values():
+        if node.meta is not None:
+            _itemsize(node.meta.dtype)  # raises for a dtype abbreviation torch does not know
+    return graph.nodes, graph.placeholders, graph.returned
 
 
-def _node_from_statement(st: FxStatement, meta: _Meta | None) -> _Node:
-    if st.kind == "call":
-        return _Node(st.name, "call", meta, op=st.op, args=tuple(_value(a) for a in st.args),
-                     kwargs={k: _value(v) for k, v in st.kwargs})
-    if st.kind == "getitem":
-        return _Node(st.name, "getitem", meta, source=st.source, index=st.index)
-    if st.kind in ("input", "attr"):  # attr (get_attr): a constant or frozen parameter the graph reads
-        return _Node(st.name, "input", meta)
-    return _Node(st.name, "other", meta)
-
-
-def _refs(values: Any) -> list[tuple[int, _Ref]]:
+def _refs(values: Any) -> list[tuple[int, Ref]]:
     """``(top-level argument position, ref)`` for every node reference inside ``values``."""
-    out: list[tuple[int, _Ref]] = []
+    out: list[tuple[int, Ref]] = []
     for pos, v in enumerate(values):
         stack = [v]
         while stack:
             x = stack.pop()
-            if isinstance(x, _Ref):
+            if isinstance(x, Ref):
                 out.append((pos, x))
-            elif isinstance(x, list):
+            elif isinstance(x, tuple):
                 stack.extend(x)
     return out
 
@@ -300,6 +211,7 @@ def graph_cost(fx_program: str, inputs: Sequence[InputSpec] | None = None) -> Gr
         for name, spec in zip(placeholders, inputs, strict=True):
             meta = _meta_from_spec(spec)
             if meta is not None:
+                _itemsize(meta.dtype)
                 nodes[name].meta = meta
 
     base_cache: dict[str, str] = {}
@@ -311,22 +223,25 @@ def graph_cost(fx_program: str, inputs: Sequence[InputSpec] | None = None) -> Gr
         node, seen = nodes.get(name), name
         result = name
         if node is not None:
-            if node.kind == "call" and node.packet in _VIEW_OPS and node.args and isinstance(node.args[0], _Ref):
+            if node.kind == "call" and node.packet in _VIEW_OPS and node.args and isinstance(node.args[0], Ref):
                 result = base(node.args[0].name)
             elif node.kind == "getitem" and node.source in nodes:
                 src = nodes[node.source]
-                if src.kind == "call" and src.packet in _MULTI_VIEW_OPS and src.args and isinstance(src.args[0], _Ref):
+                if src.kind == "call" and src.packet in _MULTI_VIEW_OPS and src.args and isinstance(src.args[0], Ref):
                     result = base(src.args[0].name)
         base_cache[seen] = result
         return result
 
     def is_input(name: str) -> bool:
         node = nodes.get(name)
-        return node is not None and node.kind == "input"
+        return node is not None and node.kind in ("input", "attr")  # attr: a constant or frozen parameter
 
     def nbytes(name: str) -> int:
+        """Bytes of the distinct elements of node ``name`` (0 without a tensor annotation)."""
         node = nodes.get(name)
-        return node.meta.distinct_bytes if node is not None and node.meta is not None else 0
+        if node is None or node.meta is None:
+            return 0
+        return _distinct_elements(node.meta.shape, node.meta.stride) * _itemsize(node.meta.dtype)
 
     full: set[str] = set()
     partial: dict[str, int] = {}
@@ -336,8 +251,8 @@ def graph_cost(fx_program: str, inputs: Sequence[InputSpec] | None = None) -> Gr
     for node in nodes.values():
         if node.kind != "call" or node.packet in _VIEW_OPS or node.packet in _MULTI_VIEW_OPS:
             continue
-        gather_arg = _GATHER_OPS.get(node.packet or "")
-        for pos, ref in _refs(node.args) + _refs(list(node.kwargs.values())):
+        gather_arg = _GATHER_OPS.get(node.packet)
+        for pos, ref in _refs(node.args) + _refs(tuple(node.kwargs.values())):
             b = base(ref.name)
             if not is_input(b):
                 continue
@@ -361,7 +276,7 @@ def graph_cost(fx_program: str, inputs: Sequence[InputSpec] | None = None) -> Gr
         bytes_read += whole if name in full else min(whole, partial[name])
 
     for value in returned:
-        if not isinstance(value, _Ref):
+        if not isinstance(value, Ref):
             continue
         b = base(value.name)
         if is_input(b):
@@ -371,7 +286,7 @@ def graph_cost(fx_program: str, inputs: Sequence[InputSpec] | None = None) -> Gr
                      flops_by_dtype=tuple(sorted(flops.items())), flop_ops=tuple(flop_ops))
 
 
-def _operand_dtype(node: _Node, nodes: dict[str, _Node]) -> str:
+def _operand_dtype(node: Node, nodes: dict[str, Node]) -> str:
     for _, ref in _refs(node.args):
         src = nodes.get(ref.name)
         if src is not None and src.meta is not None:
@@ -379,9 +294,9 @@ def _operand_dtype(node: _Node, nodes: dict[str, _Node]) -> str:
     return node.meta.dtype if node.meta is not None else "bf16"
 
 
-def _node_flops(node: _Node, nodes: dict[str, _Node]) -> int:
+def _node_flops(node: Node, nodes: dict[str, Node]) -> int:
     """FLOPs of one call node by PyTorch's flop formulas; 0 for ops without one."""
-    if node.op is None or not node.op.startswith("aten."):
+    if not node.op.startswith("aten."):
         return 0
     import torch
     from torch.utils.flop_counter import flop_registry
@@ -406,11 +321,11 @@ def _node_flops(node: _Node, nodes: dict[str, _Node]) -> int:
                                    device="meta")
 
     def convert(v: Any) -> Any:
-        if isinstance(v, _Ref):
+        if isinstance(v, Ref):
             return meta_tensor(v.name)
-        if isinstance(v, list):
+        if isinstance(v, tuple):
             return [convert(x) for x in v]
-        return v
+        return None if isinstance(v, DType) else v  # dtypes are irrelevant to the formulas
 
     args = [convert(a) for a in node.args]
     kwargs = {k: convert(v) for k, v in node.kwargs.items()}
@@ -438,7 +353,7 @@ def _extra_formula(op: str) -> Any:
     return None
 
 
-def _is_causal(node: _Node, packet: Any, parts: list[str]) -> bool:
+def _is_causal(node: Node, packet: Any, parts: list[str]) -> bool:
     if "is_causal" in node.kwargs:
         return bool(node.kwargs["is_causal"])
     overload = getattr(packet, parts[2] if len(parts) > 2 else "default", None)

@@ -248,9 +248,9 @@ class NativeKernelGenerator:
 
 
 def _placeholder_count(fx_program: str) -> int | None:
-    from tilesmith.agent.builtin.native_fx import FxParseError, parse_fx
+    from tilesmith.fx_text import FxTextError, parse_fx
 
     try:
         return len(parse_fx(fx_program).placeholders)
-    except FxParseError:
+    except FxTextError:
         return None

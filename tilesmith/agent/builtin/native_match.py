@@ -1,7 +1,7 @@
 """Recognising, in a captured FX program, a graph whose whole computation one native kernel performs.
 
 Matching is by semantics: ops, argument structure, dtypes, shapes and strides from the FX annotations
-(:mod:`.native_fx`), never kernel names. A graph matches only when *every* operation in it belongs to the
+(:mod:`tilesmith.fx_text`), never kernel names. A graph matches only when *every* operation in it belongs to the
 pattern and its outputs are exactly the pattern's outputs (the common benchmark case: one graph, one
 pattern), so the rewrite can replace the whole body of ``call`` and nothing of Inductor's work is lost.
 
@@ -32,10 +32,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from tilesmith.agent.builtin.native_fx import (TORCH_NAME, DType, FxGraph, FxParseError, Meta, Node, Ref,
-                                               parse_fx)
+from tilesmith.fx_text import DType, FxGraph, FxTextError, Meta, Node, Ref, parse_fx
 
 FLOATS = ("f32", "bf16", "f16")
+#: FX abbreviation -> ``torch.<name>`` (what a generated call passes as a dtype argument).
+TORCH_NAME = {"f32": "torch.float32", "bf16": "torch.bfloat16", "f16": "torch.float16"}
 #: Most rows of x the int8 kernels take (``csrc/int8_linear_bind.cpp``): decode shapes.
 INT8_MAX_M = 16
 #: Widest row the norm kernels hold in registers (``csrc/norm.cu``: ``norm_max_d``, every dtype).
@@ -135,7 +136,7 @@ def match_program(fx_program: str) -> NativePlan:
     """
     try:
         g = parse_fx(fx_program)
-    except FxParseError as exc:
+    except FxTextError as exc:
         raise NoMatch(str(exc)) from None
     if g.dynamic:
         raise NoMatch("dynamic shapes (symbolic sizes or SymInt inputs): the kernels are matched to static shapes")

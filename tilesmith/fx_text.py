@@ -1,4 +1,5 @@
-"""Reading a captured FX program (``CapturedGraph.fx_program``) into nodes a pattern matcher can walk.
+"""Reading a captured FX program (``CapturedGraph.fx_program``) into nodes: the one parser of the roofline cost
+model (``tilesmith/roofline/cost.py``) and the native-kernel matcher (``tilesmith/agent/builtin/native_match.py``).
 
 The text is ``GraphModule.print_readable(include_stride=True, include_device=True)`` of the graph as it
 reached Inductor (``tilesmith/capture/backend.py``: ``_readable``)::
@@ -10,9 +11,11 @@ reached Inductor (``tilesmith/capture/backend.py``: ``_readable``)::
         return (mul,)
 
 It is parsed with :mod:`ast` (never executed). Node references become :class:`Ref`, ``torch.<dtype>``
-arguments become :class:`DType` (FX abbreviations: ``f32``, ``bf16``, ``i8`` ...), other literals stay Python
-values. A placeholder or node whose annotation has a symbolic size (``s77``) or that is a ``Sym(...)``
-scalar marks the graph :attr:`FxGraph.dynamic`.
+arguments become :class:`DType` (FX abbreviations: ``f32``, ``bf16``, ``i8`` ...), other ``torch.<name>``
+attributes the string ``"torch.<name>"``, lists and tuples tuples, other literals stay Python values. A node
+whose annotation has a symbolic size or stride (``s77``) or that is a ``Sym(...)`` scalar is listed in
+:attr:`FxGraph.symbolic`; such a node, or a placeholder without a readable annotation, marks the graph
+:attr:`FxGraph.dynamic`.
 """
 
 from __future__ import annotations
@@ -23,9 +26,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from tilesmith._ast import FxTextError, fx_statements
-
-_ANNOTATION = re.compile(r"^(\w+)\[([^\]]*)\]\[([^\]]*)\](.*)$")
+from tilesmith._ast import dotted_name
 
 #: ``torch.<name>`` dtype attribute -> FX annotation abbreviation.
 TORCH_DTYPES = {"float32": "f32", "float": "f32", "bfloat16": "bf16", "float16": "f16", "half": "f16",
@@ -33,12 +34,79 @@ TORCH_DTYPES = {"float32": "f32", "float": "f32", "bfloat16": "bf16", "float16":
                 "int64": "i64", "long": "i64", "bool": "b8"}
 #: FX abbreviation -> element size in bytes.
 ITEMSIZE = {"f64": 8, "f32": 4, "bf16": 2, "f16": 2, "i64": 8, "i32": 4, "i16": 2, "i8": 1, "u8": 1, "b8": 1}
-#: FX abbreviation -> ``torch.<name>`` (what a generated call passes as a dtype argument).
-TORCH_NAME = {"f32": "torch.float32", "bf16": "torch.bfloat16", "f16": "torch.float16"}
+
+_ANNOTATION = re.compile(r"^(\w+)\[([^\]]*)\]\[([^\]]*)\](.*)$")
 
 
-class FxParseError(ValueError):
-    """The text is not a readable FX program (no ``forward``, not Python)."""
+class FxTextError(ValueError):
+    """FX program text that is not Python, or has no ``forward``."""
+
+
+@dataclass(frozen=True)
+class FxStatement:
+    """One line of an FX program's ``forward``, as :func:`fx_statements` classifies it.
+
+    ``kind``: ``input`` (a placeholder), ``call`` (``op`` without ``torch.ops.``; ``args``/``kwargs`` are the
+    argument expressions), ``getitem`` (``source[index]``), ``attr`` (a ``self.`` constant or frozen parameter),
+    ``other``, or ``return`` (``value``: the returned expression, or ``None``). ``annotation``: the string
+    annotation (``"f32[8, 16]"``) or ``None``."""
+
+    kind: str
+    name: str = ""
+    annotation: str | None = None
+    op: str = ""
+    args: tuple[ast.expr, ...] = ()
+    kwargs: tuple[tuple[str, ast.expr], ...] = ()
+    source: str = ""
+    index: int = 0
+    value: ast.expr | None = None
+
+
+def _annotation(node: ast.AST | None) -> str | None:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+
+def fx_statements(text: str) -> list[FxStatement]:
+    """The placeholders, assignments and return of the ``forward`` of FX program text (``print_readable``'s
+    ``class <lambda>(torch.nn.Module): def forward(self, ...)``), in order; ``x = None`` (a freed name) and other
+    statements are left out. The front end of :func:`parse_fx`.
+
+    Raises:
+        FxTextError: the text is not parseable Python, or has no ``forward``.
+    """
+    body = re.sub(r"^class [^\n]*:", "class _G:", text.strip(), count=1)
+    try:
+        tree = ast.parse(body)
+    except SyntaxError as exc:
+        raise FxTextError(f"the FX program is not parseable Python: {exc.msg}") from None
+    forward = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "forward"), None)
+    if forward is None:
+        raise FxTextError("the FX program has no forward()")
+    out = [FxStatement("input", arg.arg, _annotation(arg.annotation)) for arg in forward.args.args[1:]]
+    for stmt in forward.body:
+        if isinstance(stmt, ast.Return):
+            out.append(FxStatement("return", value=stmt.value))
+            continue
+        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.value is not None:
+            name, rhs, ann = stmt.target.id, stmt.value, _annotation(stmt.annotation)
+        elif isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+            name, rhs, ann = stmt.targets[0].id, stmt.value, None
+            if isinstance(rhs, ast.Constant) and rhs.value is None:
+                continue  # `x = None` frees a name
+        else:
+            continue
+        if isinstance(rhs, ast.Call):
+            target = dotted_name(rhs.func) or ""
+            op = target[len("torch.ops."):] if target.startswith("torch.ops.") else target
+            out.append(FxStatement("call", name, ann, op=op, args=tuple(rhs.args),
+                                   kwargs=tuple((k.arg, k.value) for k in rhs.keywords if k.arg)))
+        elif isinstance(rhs, ast.Subscript) and isinstance(rhs.value, ast.Name) and isinstance(rhs.slice, ast.Constant):
+            out.append(FxStatement("getitem", name, ann, source=rhs.value.id, index=int(rhs.slice.value)))
+        elif isinstance(rhs, ast.Attribute) and (dotted_name(rhs) or "").startswith("self."):
+            out.append(FxStatement("attr", name, ann))
+        else:
+            out.append(FxStatement("other", name, ann))
+    return out
 
 
 @dataclass(frozen=True)
@@ -57,7 +125,7 @@ class DType:
 
 @dataclass(frozen=True)
 class Meta:
-    """Shape, strides, dtype (FX abbreviation) and device of a tensor node."""
+    """Shape and strides (elements), dtype (FX abbreviation, e.g. ``bf16``) and device (``cuda:0``) of a tensor node."""
 
     dtype: str
     shape: tuple[int, ...]
@@ -70,6 +138,7 @@ class Meta:
 
     @property
     def nbytes(self) -> int:
+        """``numel`` times the element size in bytes (:data:`ITEMSIZE`; 4 for a dtype it lacks)."""
         return self.numel * ITEMSIZE.get(self.dtype, 4)
 
     def is_contiguous(self) -> bool:
@@ -100,7 +169,8 @@ class Meta:
 
 @dataclass
 class Node:
-    """One FX node: a placeholder (``input``), a call, a ``getitem`` of a tuple node, a ``self.<attr>`` read."""
+    """One FX node: a placeholder (``input``), a call, a ``getitem`` of a tuple node, a ``self.<attr>`` read
+    (``attr``: a constant or frozen parameter), or ``other``."""
 
     name: str
     kind: str
@@ -112,14 +182,25 @@ class Node:
     source: str = ""
     index: int = 0
 
+    @property
+    def packet(self) -> str:
+        """The op without its overload: ``aten.mm`` for ``aten.mm.default``; ``""`` for a non-call."""
+        parts = self.op.split(".")
+        return ".".join(parts[:2]) if len(parts) >= 2 else self.op
+
 
 @dataclass
 class FxGraph:
+    """A parsed FX program: nodes by name in graph order, placeholder names in order, the returned values,
+    how many times each node is used (arguments, ``getitem`` sources, the return), whether the graph has
+    dynamic shapes, and the names of the nodes whose annotation is symbolic."""
+
     nodes: dict[str, Node]
     placeholders: tuple[str, ...]
     returned: tuple[Any, ...]
     users: dict[str, int]
     dynamic: bool
+    symbolic: tuple[str, ...] = ()
 
     def node(self, value: Any) -> Node | None:
         return self.nodes.get(value.name) if isinstance(value, Ref) else None
@@ -172,14 +253,16 @@ def _value(node: ast.AST) -> Any:
 
 
 def parse_fx(text: str) -> FxGraph:
-    """Parse ``text`` (module docstring). Raises :class:`FxParseError` for text without a ``forward``."""
-    try:
-        statements = fx_statements(text)
-    except FxTextError as exc:
-        raise FxParseError(str(exc)) from None
+    """Parse ``text`` (module docstring).
+
+    Raises:
+        FxTextError: the text is not parseable Python, or has no ``forward``.
+    """
+    statements = fx_statements(text)
     nodes: dict[str, Node] = {}
     placeholders: list[str] = []
     dynamic = False
+    symbolic: list[str] = []
     returned: tuple[Any, ...] = ()
     for st in statements:
         if st.kind == "return":
@@ -187,6 +270,8 @@ def parse_fx(text: str) -> FxGraph:
             returned = value if isinstance(value, tuple) else (value,)
             continue
         meta, dyn = _parse_meta(st.annotation)
+        if dyn:
+            symbolic.append(st.name)
         if st.kind == "input":
             dynamic = dynamic or dyn or meta is None
             nodes[st.name] = Node(st.name, "input", meta)
@@ -216,4 +301,5 @@ def parse_fx(text: str) -> FxGraph:
         elif node.kind == "getitem":
             users[node.source] = users.get(node.source, 0) + 1
     count(returned)
-    return FxGraph(nodes=nodes, placeholders=tuple(placeholders), returned=returned, users=users, dynamic=dynamic)
+    return FxGraph(nodes=nodes, placeholders=tuple(placeholders), returned=returned, users=users, dynamic=dynamic,
+                   symbolic=tuple(symbolic))
