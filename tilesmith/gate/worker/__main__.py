@@ -1,9 +1,12 @@
 """Gate evaluation worker: ``python -m tilesmith.gate.worker`` (started by the host, never imported by it).
 
 The only process in which candidate code is imported and run. It has its own CUDA context, a private
-working directory holding its own Inductor/Triton caches and temporary files, an environment without
-secrets, core dumps disabled, a file-size limit, and a PEP 578 audit hook (:mod:`tilesmith.gate.worker.audit`)
-installed before torch is imported and armed right before the candidate's import. It
+working directory holding its own Inductor/Triton caches and temporary files, and an environment without
+secrets (those three the host sets when it starts the process: ``tilesmith/gate/host/process.py``); it
+disables core dumps itself at start and sets a file-size limit at ``init`` when the host sends
+``fsize_limit`` (both ``setrlimit``, best effort: a refusal leaves the limit as it was), and installs a PEP 578
+audit hook (:mod:`tilesmith.gate.worker.audit`) before torch is imported, armed right before the candidate's
+import. It
 answers JSON requests (see :mod:`tilesmith.gate.protocol`):
 
 ``init``  apply the host's numeric flags, load the constants and the trusted original wrapper, warm it

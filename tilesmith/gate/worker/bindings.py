@@ -1,11 +1,12 @@
 """What the worker's own code calls while candidate code is loaded, bound once at import (before any candidate).
 
-:data:`T` holds the clocks, events, synchronize, ``torch.save``/``torch.load``, the thread listing and the
-seeding function the worker uses; :mod:`.core` and :mod:`.timing` read them from here only, so a candidate
-that replaces ``time.perf_counter_ns`` or ``torch.cuda.Event.elapsed_time`` changes nothing the worker
-measures (and the identity check, which watches this module's namespace, reports the replacement).
-:func:`compact_cpu` and :func:`against_expected` are the output helpers both use before a tensor leaves the
-worker.
+:data:`T` holds the clocks, events, synchronize, ``torch.save``/``torch.load``, the thread listing, the
+seeding function, ``torch.no_grad``, ``os.write`` (the protocol's answers) and ``torch.cuda.mem_get_info``;
+:mod:`.core`, :mod:`.timing` and :mod:`.reference` read them from here only, so a candidate that replaces
+``time.perf_counter_ns`` or ``torch.cuda.Event.elapsed_time`` changes nothing the worker measures (and the
+identity check, which watches this module's namespace, reports the replacement). :func:`compact_cpu` (used by
+all three) and :func:`against_expected` (by :mod:`.core` and :mod:`.timing`) are the output helpers used before
+a tensor leaves the worker.
 """
 
 from __future__ import annotations
