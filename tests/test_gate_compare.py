@@ -61,6 +61,37 @@ def test_nan_positions_must_match():
     assert _cmp(ref, torch.tensor([1.0, float("nan"), 3.0, float("-inf")])).check == "nan_inf_mismatch"
 
 
+def test_nan_or_inf_in_only_one_of_the_outputs_is_a_position_mismatch():
+    ref = torch.randn(64)
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        got = ref.clone()
+        got[7] = bad
+        failure = _cmp(ref, got)
+        assert failure.check == "nan_inf_mismatch" and failure.worst_index == (7,)
+        failure = _cmp(got, ref.clone())
+        assert failure.check == "nan_inf_mismatch" and failure.worst_index == (7,)
+
+
+def test_bit_identical_outputs_pass_and_equal_values_with_other_bits_take_the_full_comparison():
+    ref = torch.tensor([0.0, 1.5, float("nan"), -2.0, float("inf")])
+    assert check_values(ref, ref.clone(), TOLERANCES["float32"], poison_byte=0xFF) is None
+    negzero = ref.clone()
+    negzero[0] = -0.0  # other bits, same value: passes through the full comparison
+    assert check_values(ref, negzero, TOLERANCES["float32"]) is None
+    off = ref.clone()
+    off[1] = 1.6
+    assert check_values(ref, off, TOLERANCES["float32"]).kind == "value"
+
+
+def test_poison_in_an_output_whose_reference_lacks_it_is_never_written_even_when_all_else_matches():
+    ref = torch.randn(128)
+    got = ref.clone()
+    got.view(torch.int32)[5] = -1
+    assert check_values(ref, got, TOLERANCES["float32"], poison_byte=0xFF).kind == "uninitialized"
+    same = got.clone()  # the reference itself holds the pattern there: not the candidate's doing
+    assert check_values(got, same, TOLERANCES["float32"], poison_byte=0xFF) is None
+
+
 def test_poisoned_elements_are_reported_as_never_written():
     ref = torch.randn(4, 8)
     got = ref.clone()
