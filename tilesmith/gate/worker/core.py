@@ -26,10 +26,9 @@ from typing import Any
 
 import torch
 
-from tilesmith.gate import inputs, layout, protocol, torchstate
+from tilesmith.gate import inputs, layout, protocol, sidefx, torchstate
 from tilesmith.gate.worker import audit, bindings, imports
 from tilesmith.gate.worker import runtime as worker_runtime
-from tilesmith.gate.worker import sidefx
 from tilesmith.gate.worker import timing as worker_timing
 from tilesmith.gate.worker.bindings import T, against_expected, compact_cpu, fast_saves
 from tilesmith.gate.worker.runtime import GuardedAllocator, InputSet
