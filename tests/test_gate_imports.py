@@ -82,7 +82,7 @@ def test_the_trusted_worker_reports_what_the_original_imports(ln):
     (ri.sys_modules_through_attribute, "socket"),
     (ri.importlib_reached_as_attribute_in_call, "xmlrpc"),
 ], ids=["importlib.import_module", "__import__-in-call", "from-torch-import-sys", "sys.modules-global",
-        "importlib-attribute-event"])
+        "importlib-attribute-finder"])
 def test_an_import_the_original_does_not_make_is_rejected(ln, monkeypatch, make, module):
     gs.runtime_checks_only(monkeypatch)
     gate, cap, _ = ln
