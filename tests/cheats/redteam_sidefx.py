@@ -59,7 +59,8 @@ def inductor_config_at_import(src: str) -> str:
 
 
 def dynamo_config_in_call(src: str) -> str:
-    return _in_call(src, "_cfg = __import__('torch._dynamo.config', fromlist=['x'])\n"
+    # Reached as an attribute: the import guard refuses ``__import__('torch._dynamo.config')`` (docs/gate.md, "Imports").
+    return _in_call(src, "_cfg = getattr(torch._dynamo, 'con' + 'fig')\n"
                          "type(_cfg).__setattr__(_cfg, 'cache_size' + '_limit', 1)")
 
 
