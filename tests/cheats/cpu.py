@@ -150,7 +150,7 @@ def thread_runtime(src: str) -> str:
     # Modules reached as attributes and only functions bound: the import guard (docs/gate.md, "Imports") refuses
     # ``import time``, and a module bound as a global; this cheat exercises the runtime check behind it.
     src = module_code(src, '_Thread = getattr(torch.cuda, "thre" + "ading").Thread\n'
-                           '_sleep = torch._inductor.codecache.time.sleep')
+                           '_sleep = torch._inductor.utils.time.sleep')
     return before_return(src, [f"_t = _Thread(target=lambda o={out}: (_sleep(1.5), o.add_(1.0)), "
                                f"daemon=True)", "_t.start()"])
 
@@ -161,7 +161,7 @@ def timer_static(src: str) -> str:
 
 def timer_runtime(src: str) -> str:
     # ``time`` reached as an attribute (the import guard refuses ``import time``): the identity check must catch it.
-    return module_code(src, 'vars(torch._inductor.codecache.time)["perf_counter_" + "ns"] = lambda: 0')
+    return module_code(src, 'vars(torch._inductor.utils.time)["perf_counter_" + "ns"] = lambda: 0')
 
 
 def static_output_buffer(src: str) -> str:
@@ -205,7 +205,7 @@ def native_thread_at_import(src: str) -> str:
     # threading.enumerate, that would burn CPU while the original's samples run. Only the OS sees it.
     # Reached as attributes, only functions bound (the import guard refuses ``import _thread``; docs/gate.md).
     return module_code(src, '_start = getattr(torch.cuda.threading, "_" + "thread").start_new_thread\n'
-                            "_sleep = torch._inductor.codecache.time.sleep\n"
+                            "_sleep = torch._inductor.utils.time.sleep\n"
                             "_start(lambda: [_sleep(0.0005) for _ in iter(int, 1)], ())")
 
 

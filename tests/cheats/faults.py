@@ -46,11 +46,11 @@ def python_infinite_loop(src: str) -> str:
 
 def sleep_hang(src: str) -> str:
     # ``time`` reached as an attribute: the import guard refuses ``import time`` (docs/gate.md, "Imports").
-    return after_clear(src, ["torch._inductor.codecache.time.sleep(3600)"])
+    return after_clear(src, ["torch._inductor.utils.time.sleep(3600)"])
 
 
 def hang_at_import(src: str) -> str:
-    return module_code(src, "torch._inductor.codecache.time.sleep(3600)")
+    return module_code(src, "torch._inductor.utils.time.sleep(3600)")
 
 
 def huge_output(src: str) -> str:
