@@ -203,8 +203,9 @@ for _n, _m in list(_s.modules.items()):
 def native_thread_at_import(src: str) -> str:
     # Red team (issue 15, "contention"): a thread started through the low-level module, invisible to
     # threading.enumerate, that would burn CPU while the original's samples run. Only the OS sees it.
-    # Reached as attributes, only functions bound (the import guard refuses ``import _thread``; docs/gate.md).
-    return module_code(src, '_start = getattr(torch.cuda.threading, "_" + "thread").start_new_thread\n'
+    # ``_thread.start_new_thread`` reached as threading's private alias, only functions bound (the import guard
+    # refuses ``import _thread``; docs/gate.md, "Imports").
+    return module_code(src, '_start = getattr(torch.cuda.threading, "_start_" + "new_thread")\n'
                             "_sleep = torch._inductor.utils.time.sleep\n"
                             "_start(lambda: [_sleep(0.0005) for _ in iter(int, 1)], ())")
 
@@ -212,7 +213,7 @@ def native_thread_at_import(src: str) -> str:
 def native_thread_at_first_call(src: str) -> str:
     # The same, started lazily from the first call (after the import's checks), through a re-export.
     # Only the function is bound (the import guard refuses ``__import__("_thread")`` and a module global).
-    src = module_code(src, '_LOW_START = getattr(getattr(torch.cuda, "thre" + "ading"), "_" + "thread").start_new_thread\n'
+    src = module_code(src, '_LOW_START = getattr(getattr(torch.cuda, "thre" + "ading"), "_start_" + "new_thread")\n'
                            '_STARTED = []')
     return after_clear(src, ["if not _STARTED:", "    _STARTED.append(_LOW_START(lambda: [None for _ in iter(int, 1)], ()))"])
 
