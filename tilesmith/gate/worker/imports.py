@@ -35,7 +35,7 @@ from __future__ import annotations
 import builtins
 import sys
 import types
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 #: Modules every candidate may import beyond the original's own imports (``"x.*"``: ``x`` and its submodules),
@@ -234,8 +234,3 @@ class _Finder:
     def invalidate_caches(self) -> None:
         return None
 
-
-def allowed_lines() -> Iterable[str]:
-    """The allow-list as text (docs and tests)."""
-    yield from (f"{k}: {v}" for k, v in ALLOWED.items())
-    yield from (f"from {m} import {n}: {v}" for (m, n), v in ALLOWED_NAMES.items())
