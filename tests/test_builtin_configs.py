@@ -289,6 +289,7 @@ def test_cpu_compile_proposes_a_configuration_variant_through_the_gate(cpu_test_
     assert evaluations, track["evaluations"]
     for e in evaluations:
         assert e["status"] == "accepted" or (e["status"].startswith("rejected_") and e["reasons"]), e
+        assert e["status"] != "rejected_global_state" and "import_not_allowed" not in " ".join(e["reasons"]), e
     screen = json.loads((runs[0].parent / "profiles" / "screen.json").read_text())
     assert any(v["name"] == "cpp_wrapper" and v["status"] == "ok" for v in screen["variants"]), screen
     records = tilesmith.benchmarks(compiled)
@@ -351,6 +352,31 @@ def test_the_aten_variant_is_screened_in_the_search_worker_and_judged_by_the_gat
     with Gate(gs.make_problem(cap, tmp_path / "snap", label="a7e40000 (aten)"), min_improvement=0.02) as gate:
         verdict = gate.evaluate(Candidate(source=screen.source, proposer="builtin:config:aten"))
     # Timing on a CPU decides nothing here; the checks must pass, so any rejection is a timing verdict.
+    assert verdict.status in ("accepted", "rejected_slower", "rejected_marginal", "rejected_unconfirmed"), \
+        (verdict.status, verdict.reasons)
+
+
+def test_the_cpp_wrapper_variant_passes_the_gates_checks_including_its_imports(tmp_path):
+    """The C++ host wrapper imports what the Python original does not (``CppWrapperCodeCache``): the gate's import
+    guard admits it through the allow-list (docs/gate.md, "Imports")."""
+    from tilesmith.agent.builtin.configs import Variant
+    from tilesmith.agent.builtin.profile import run_search
+    from tilesmith.capture.source import canonicalize
+    from tilesmith.gate import Gate
+    from tilesmith.records import Candidate
+
+    model, x = Small().eval(), torch.randn(4, 32)
+    (module,) = _capture(model, x)
+    source = _wrapper_source(model, x)
+    variant = Variant("cpp_wrapper", (("cpp_wrapper", True),), "C++ host wrapper")
+    profile = run_search(source, "cpu", timeout_s=400, variants=[variant.request()], fx_module=module,
+                         deadline_s=300, original_canonical=canonicalize(source), compile_workers=1)
+    (screen,) = profile.variants
+    assert screen.status == "ok", screen
+    cap = gs.capture(model, x)[0]
+    with Gate(gs.make_problem(cap, tmp_path / "snap", label="c99e0000 (cpp)"), min_improvement=0.02) as gate:
+        verdict = gate.evaluate(Candidate(source=screen.source, proposer="builtin:config:cpp_wrapper"))
+    assert "import_not_allowed" not in [f.check for f in verdict.failures], verdict.reasons
     assert verdict.status in ("accepted", "rejected_slower", "rejected_marginal", "rejected_unconfirmed"), \
         (verdict.status, verdict.reasons)
 

@@ -1,7 +1,7 @@
 """Side effects by structure (issue 15, item 3; regression tests of item 6): the worker snapshots every attribute of
 the namespaces the original wrapper uses, the readable values of ``torch.backends.*`` and the compiler
 configurations, probes flush-to-zero behaviourally, and watches ``sys.path``/``sys.meta_path``/``sys.path_hooks``
-(tilesmith/gate/worker/sidefx.py). Gate-level tests switch the static scan off, so that the worker's structural
+(tilesmith/gate/sidefx.py). Gate-level tests switch the static scan off, so that the worker's structural
 check alone must reject each red-team candidate (tests/cheats/redteam_sidefx.py), two or more spellings per class.
 """
 
@@ -16,7 +16,7 @@ from tests import gate_support as gs
 from tests.cheats import redteam_sidefx as rs
 from tilesmith.gate import torchstate
 from tilesmith.gate.host.answers import global_failures
-from tilesmith.gate.worker import sidefx
+from tilesmith.gate import sidefx
 from tilesmith.records import Candidate
 
 

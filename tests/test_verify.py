@@ -515,3 +515,41 @@ def test_census_explains_library_threads_and_reports_anonymous_and_wrapper_threa
     finally:
         stop.set()
         pool.shutdown()
+
+
+# -- the gate's side-effect snapshot, re-checked in the user's process (issue 15, "Gate, structurally") ----------
+@pytest.fixture
+def restored():
+    with vs.restore_process_state():
+        yield
+
+
+@pytest.mark.parametrize("changer, key", [
+    (vs.extern_kernel_patcher, "extern_kernels.mm"),
+    (vs.backend_flag_flipper, "torch.backends.mkldnn.enabled"),
+    (vs.flush_denormal_flipper, "probe.denormal"),
+], ids=["extern_kernels", "backends-flag", "flush-denormal"])
+def test_global_state_changed_on_a_checked_call_is_caught(stand_in_gate, monkeypatch, restored, changer, key):
+    compiled, _ = _compile(changer(3), "first=10,every=off,interval=off,threads=off", monkeypatch)
+    errors = _drive(compiled, 1 + 5)
+    assert max(errors) < 1e-5
+    handle, _ = _verifier(compiled)
+    assert handle.state == "uninstalled"
+    diag = _failure(compiled)
+    assert "call 3 since install" in diag.message and "global_state" in diag.message and key in diag.message
+    assert handle.key[:8] in diag.message and "state=off" in diag.message and "quarantined" in diag.message
+
+
+@pytest.mark.parametrize("changer", [vs.extern_kernel_patcher, vs.backend_flag_flipper],
+                         ids=["extern_kernels", "backends-flag"])
+def test_global_state_changed_on_an_unchecked_call_is_caught_at_the_next_check(stand_in_gate, monkeypatch,
+                                                                               restored, changer):
+    compiled, _ = _compile(changer(2), "first=1,every=off,interval=0.3,threads=off", monkeypatch)
+    _drive(compiled, 1 + 3, pause_before=1 + 2, pause_s=0.6)
+    assert "call 3 since install" in _failure(compiled).message
+
+
+def test_state_check_can_be_turned_off(stand_in_gate, monkeypatch, restored):
+    compiled, _ = _compile(vs.backend_flag_flipper(2), "first=10,every=off,interval=off,state=off", monkeypatch)
+    _drive(compiled, 1 + 4)
+    assert "verification_failed" not in _kinds(compiled) and _verifier(compiled)[1].snapshot is None

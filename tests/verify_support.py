@@ -161,3 +161,58 @@ def precision_bomb(limit: int):
                 t.copy_(t.bfloat16().float())
         return out
         """, prelude="_n = [0]\n")
+
+
+def extern_kernel_patcher(at_call: int):
+    """Results always right; at call ``at_call`` it replaces ``extern_kernels.mm`` (the matmul the original
+    wrapper calls) by a pass-through, through the namespace's ``__dict__`` (issue 15: a slower library function
+    for every later graph of the user). :func:`restore_process_state` undoes it."""
+    return rebind_call(f"""
+        _n[0] += 1
+        if _n[0] == {at_call}:
+            _space = vars(extern_kernels)
+            _real = _space['m' + 'm']
+            _space['m' + 'm'] = lambda *a, **k: _real(*a, **k)
+        return _inner(args)
+        """, prelude="_n = [0]\n")
+
+
+def backend_flag_flipper(at_call: int):
+    """Results always right; at call ``at_call`` it switches oneDNN off for the rest of the process
+    (``torch.backends.mkldnn.enabled``, a property)."""
+    return rebind_call(f"""
+        _n[0] += 1
+        if _n[0] == {at_call}:
+            setattr(torch.backends.mkldnn, 'en' + 'abled', False)
+        return _inner(args)
+        """, prelude="_n = [0]\n")
+
+
+def flush_denormal_flipper(at_call: int):
+    """Results right on these inputs; at call ``at_call`` it turns flush-to-zero on (no getter: the probe)."""
+    return rebind_call(f"""
+        _n[0] += 1
+        if _n[0] == {at_call}:
+            torch.set_flush_denormal(True)
+        return _inner(args)
+        """, prelude="_n = [0]\n")
+
+
+def restore_process_state():
+    """Undo what the three state changers above leave in the test process (a context manager)."""
+    import contextlib
+
+    import torch
+    from torch._inductor.select_algorithm import extern_kernels
+
+    @contextlib.contextmanager
+    def manager():
+        space, mm, mkldnn = vars(extern_kernels), extern_kernels.mm, torch.backends.mkldnn.enabled
+        try:
+            yield
+        finally:
+            space["mm"] = mm
+            torch.backends.mkldnn.enabled = mkldnn
+            torch.set_flush_denormal(False)
+
+    return manager()

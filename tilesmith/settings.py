@@ -138,7 +138,9 @@ class VerifyPolicy:
     fraction of the graph's own time by raising the mean gap above ``every`` (``None`` = no cap; the graph's time
     per call is the smaller of its measured time on checked calls and the wall time per call between checks).
     ``interval_s``: the first call after this many seconds without a check is checked (``None`` = never).
-    ``threads``: the OS thread census of the user's process is part of every check.
+    ``threads``: the OS thread census of the user's process is part of every check. ``state``: the gate's
+    side-effect snapshot (attribute identities, ``torch.backends`` values, the denormal probe) is re-checked on
+    every check (:class:`tilesmith.gate.sidefx.ProductionSnapshot`).
     """
 
     first: int = 8
@@ -146,12 +148,13 @@ class VerifyPolicy:
     budget: float | None = 0.01
     interval_s: float | None = 60.0
     threads: bool = True
+    state: bool = True
 
 
-VERIFY_DEFAULT = "first=8,every=100,budget=0.01,interval=60,threads=on"
+VERIFY_DEFAULT = "first=8,every=100,budget=0.01,interval=60,threads=on,state=on"
 _VERIFY_FORMS = ("'off'; 'on' (the defaults, " + VERIFY_DEFAULT + "); or comma-separated fields, each optional: "
                  "first=<calls, integer >= 0>, every=<calls, integer >= 1, or off>, budget=<fraction in (0, 1), "
-                 "or off>, interval=<seconds > 0, or off>, threads=<on|off>; e.g. 'first=8,every=1000,interval=30'")
+                 "or off>, interval=<seconds > 0, or off>, threads=<on|off>, state=<on|off>; e.g. 'first=8,every=1000,interval=30'")
 
 
 def _verify(text: str) -> VerifyPolicy | None:
@@ -182,7 +185,7 @@ def _verify(text: str) -> VerifyPolicy | None:
             elif name == "interval":
                 fields["interval_s"] = None if off else float(raw)
                 ok = off or (math.isfinite(fields["interval_s"]) and fields["interval_s"] > 0)
-            elif name == "threads":
+            elif name in ("threads", "state"):
                 fields[name], ok = _bool(raw), True
             else:
                 raise ValueError(f"unknown field {name!r}")
@@ -314,9 +317,9 @@ _SETTINGS = (
     Setting("TILESMITH_VERIFY", "on", _verify,
             "Production verification of installed wrappers in the user's process (docs/verification.md): a "
             "checked call also runs the original Inductor wrapper on copies of its inputs and compares outputs "
-            "with the gate's tolerances, RNG use and the process's OS threads; on a mismatch the graph is "
+            "with the gate's tolerances, RNG use, the process's OS threads and global state; on a mismatch the graph is "
             "uninstalled (that call returns the original's outputs) and its artifact quarantined. 'off', 'on' "
-            f"({VERIFY_DEFAULT}) or fields first=, every=, budget=, interval= (seconds), threads=."),
+            f"({VERIFY_DEFAULT}) or fields first=, every=, budget=, interval= (seconds), threads=, state=."),
     Setting("TILESMITH_GATE_RUN_TIMEOUT_S", "120", _positive_float,
             "Seconds one gate check or timing request may take once the candidate is loaded (extended "
             "automatically for graphs whose original call is slow); past it the worker is killed and the "

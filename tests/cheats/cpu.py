@@ -147,8 +147,11 @@ def thread_static(src: str) -> str:
 
 def thread_runtime(src: str) -> str:
     out = _out(src)
-    src = module_code(src, '_threads = getattr(torch.cuda, "thre" + "ading")\nimport time as _time')
-    return before_return(src, [f"_t = _threads.Thread(target=lambda o={out}: (_time.sleep(1.5), o.add_(1.0)), "
+    # Modules reached as attributes and only functions bound: the import guard (docs/gate.md, "Imports") refuses
+    # ``import time``, and a module bound as a global; this cheat exercises the runtime check behind it.
+    src = module_code(src, '_Thread = getattr(torch.cuda, "thre" + "ading").Thread\n'
+                           '_sleep = torch._inductor.utils.time.sleep')
+    return before_return(src, [f"_t = _Thread(target=lambda o={out}: (_sleep(1.5), o.add_(1.0)), "
                                f"daemon=True)", "_t.start()"])
 
 
@@ -157,7 +160,8 @@ def timer_static(src: str) -> str:
 
 
 def timer_runtime(src: str) -> str:
-    return module_code(src, 'import time as _time\nvars(_time)["perf_counter_" + "ns"] = lambda: 0')
+    # ``time`` reached as an attribute (the import guard refuses ``import time``): the identity check must catch it.
+    return module_code(src, 'vars(torch._inductor.utils.time)["perf_counter_" + "ns"] = lambda: 0')
 
 
 def static_output_buffer(src: str) -> str:
@@ -199,15 +203,19 @@ for _n, _m in list(_s.modules.items()):
 def native_thread_at_import(src: str) -> str:
     # Red team (issue 15, "contention"): a thread started through the low-level module, invisible to
     # threading.enumerate, that would burn CPU while the original's samples run. Only the OS sees it.
-    return module_code(src, "import _thread as _low\nimport time as _time\n"
-                            "_low.start_new_thread(lambda: [_time.sleep(0.0005) for _ in iter(int, 1)], ())")
+    # ``_thread.start_new_thread`` reached as threading's private alias, only functions bound (the import guard
+    # refuses ``import _thread``; docs/gate.md, "Imports").
+    return module_code(src, '_start = getattr(torch.cuda.threading, "_start_" + "new_thread")\n'
+                            "_sleep = torch._inductor.utils.time.sleep\n"
+                            "_start(lambda: [_sleep(0.0005) for _ in iter(int, 1)], ())")
 
 
 def native_thread_at_first_call(src: str) -> str:
     # The same, started lazily from the first call (after the import's checks), through a re-export.
-    src = module_code(src, '_LOW = getattr(torch.cuda, "_" + "thread", None) or __import__("_th" + "read")\n'
+    # Only the function is bound (the import guard refuses ``__import__("_thread")`` and a module global).
+    src = module_code(src, '_LOW_START = getattr(getattr(torch.cuda, "thre" + "ading"), "_start_" + "new_thread")\n'
                            '_STARTED = []')
-    return after_clear(src, ["if not _STARTED:", "    _STARTED.append(_LOW.start_new_thread(lambda: [None for _ in iter(int, 1)], ()))"])
+    return after_clear(src, ["if not _STARTED:", "    _STARTED.append(_LOW_START(lambda: [None for _ in iter(int, 1)], ()))"])
 
 
 CHEATS = [

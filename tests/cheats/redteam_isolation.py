@@ -10,7 +10,9 @@ import re
 
 from tests.cheats.common import after_clear, module_code
 
-_SYS = '_S = getattr(torch, "s" + "ys")'
+#: ``sys`` reached as an attribute of torch and not bound as a global (the import guard refuses a module global
+#: that the original does not import: docs/gate.md, "Imports"; these candidates exercise the checks behind it).
+_SYS = 'getattr(torch, "s" + "ys")'
 
 
 def tamper_original_in_cache(src: str, sleep_s: float = 0.0005) -> str:
@@ -33,9 +35,9 @@ def spot_aware(src: str) -> str:
     """Finding 3 (t3_introspection spot): walk the frames (``sys._getframe`` reached through
     ``getattr(torch, "s"+"ys")``) up to the worker's timing loop and skip the work when nothing will be
     checked. Here it skips the work whenever a frame of a timing function is on the stack."""
-    src = module_code(src, _SYS + '''
+    src = module_code(src, '''
 def _in_timing():
-    f = getattr(_S, "_get" + "frame")(1)
+    f = getattr(''' + _SYS + ''', "_get" + "frame")(1)
     while f is not None:
         if "tim" in getattr(f, "f_co" + "de").co_name:
             return True
@@ -56,14 +58,16 @@ def traceback_frame_walk(src: str) -> str:
 def gate_detect(src: str) -> str:
     """Finding 4 (t3_introspection detect): True inside the gate worker (its harness module is imported).
     Reading ``sys.modules`` raises no audit event: only the static scan can see this spelling."""
-    return module_code(src, _SYS + '\n_IN_GATE = "tilesmith.gate.worker.core" in _S.modules')
+    return module_code(src, '_IN_GATE = "tilesmith.gate.worker.core" in ' + _SYS + '.modules')
 
 
 def read_file_into_verdict(src: str, path: str) -> str:
     """Finding 10 (t11_file_read): read a text file with numpy under an alias and raise its contents, so
     they would come back in the verdict's reasons (which the LLM agent reads)."""
-    return module_code(src, f"import numpy as _n\nraise ValueError('leak: ' + ' '.join(_n.loadtxt({path!r}, "
-                            f"dtype=str, ndmin=1).tolist()))")
+    # numpy reached as an attribute of torch.storage: the import guard refuses ``import numpy`` (docs/gate.md,
+    # "Imports"), and this candidate exercises the audit hook behind it.
+    return module_code(src, f"_loadtxt = torch.storage.np.loadtxt\nraise ValueError('leak: ' + ' '.join(_loadtxt("
+                            f"{path!r}, dtype=str, ndmin=1).tolist()))")
 
 
 def raise_long_text(src: str, text: str) -> str:

@@ -2,7 +2,7 @@
 worker's older, name-based checks did not watch — a non-callable or namespace-object attribute, state without a
 getter, the import system. Two or more spellings per class, none of them a literal name the static scan knows; the
 tests switch the static scan off anyway (``gate_support.runtime_checks_only``), so that only the worker's structural
-check (:mod:`tilesmith.gate.worker.sidefx`) can catch them. Each takes a real Inductor CPU wrapper's source and
+check (:mod:`tilesmith.gate.sidefx`) can catch them. Each takes a real Inductor CPU wrapper's source and
 returns an edited source; ``at="import"`` edits run when the module is imported, ``at="call"`` ones inside ``call``.
 """
 
@@ -59,7 +59,8 @@ def inductor_config_at_import(src: str) -> str:
 
 
 def dynamo_config_in_call(src: str) -> str:
-    return _in_call(src, "_cfg = __import__('torch._dynamo.config', fromlist=['x'])\n"
+    # Reached as an attribute: the import guard refuses ``__import__('torch._dynamo.config')`` (docs/gate.md, "Imports").
+    return _in_call(src, "_cfg = getattr(torch._dynamo, 'con' + 'fig')\n"
                          "type(_cfg).__setattr__(_cfg, 'cache_size' + '_limit', 1)")
 
 

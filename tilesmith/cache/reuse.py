@@ -77,7 +77,7 @@ def reuse_in_run(run: RunContext, first: Any, handle: Any) -> None:
         run.diagnose("duplicate_graph", f"{twin}, {why}", handle.key, handle.graph.name)
         return
     try:
-        prep = verify.prepare()
+        prep = verify.prepare(source)
         module = load_wrapper(source, handle.constants)
         fn = entry_point(module, handle.graph.inputs_to_check, handle.graph.mutated_input_idxs)
         first_verifier = verify.verifier_of(first)

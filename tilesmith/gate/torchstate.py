@@ -313,7 +313,7 @@ def diff_identities(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
 
 def wrapper_namespaces(source: str) -> list[str]:
     """Dotted names of the namespaces a wrapper's source uses, for the worker's attribute snapshot
-    (:mod:`tilesmith.gate.worker.sidefx`): every imported module (``import triton.language``), every name imported
+    (:mod:`tilesmith.gate.sidefx`): every imported module (``import triton.language``), every name imported
     from one (``from torch._inductor.select_algorithm import extern_kernels`` gives
     ``torch._inductor.select_algorithm`` and ``torch._inductor.select_algorithm.extern_kernels``; the worker
     watches a name only when it resolves to a module or a namespace object), and every ``torch.ops.<ns>`` it

@@ -29,7 +29,7 @@ def install(run: RunContext, handle: Any, track: Track, candidate: Candidate, ve
     """Load ``candidate`` in the user's process, swap it in (shadow-checked, :mod:`tilesmith.install.verify`)
     and record its benchmark."""
     try:
-        prep = verify.prepare()  # thread baseline before the candidate's import
+        prep = verify.prepare(candidate.source)  # thread and side-effect baselines before the candidate's import
         module = load_wrapper(candidate.source, handle.constants)
         fn = entry_point(module, handle.graph.inputs_to_check, handle.graph.mutated_input_idxs)
     except Exception as exc:  # noqa: BLE001

@@ -13,8 +13,10 @@ call after ``interval`` seconds without a check; ``TILESMITH_VERIFY``, :class:`t
    the addresses it pinned);
 4. compares, with the gate's functions and tolerances (:mod:`tilesmith.gate.host.compare`): output structure
    (count, types, shapes, dtypes, devices, strides, aliasing), output values, inputs written in place (as the
-   original writes them; the others must be unchanged), the RNG states after both, and the process's OS threads
-   (:mod:`tilesmith.install.threads`). An elementwise value failure is judged once more against the original's
+   original writes them; the others must be unchanged), the RNG states after both, the process's OS threads
+   (:mod:`tilesmith.install.threads`) and the gate's side-effect snapshot taken before the wrapper's import
+   (:class:`tilesmith.gate.sidefx.ProductionSnapshot`: attribute identities of the namespaces the wrapper names,
+   ``torch.backends.*`` values, the denormal probe). An elementwise value failure is judged once more against the original's
    own rounding sensitivity on these inputs (the gate's high-magnitude rule), since real activations can be
    larger than the gate's normal inputs; graphs that write inputs are judged elementwise only.
 
@@ -45,6 +47,8 @@ import torch
 
 from tilesmith import settings
 from tilesmith.context import RunContext
+from tilesmith.gate import torchstate
+from tilesmith.gate.sidefx import ProductionSnapshot
 from tilesmith.gate.host.compare import check_values, compare_output, compare_structure, tolerance_for
 from tilesmith.install.shadow import (
     PERTURB_ULPS,
@@ -74,14 +78,18 @@ _EMA = 0.3
 
 @dataclass(frozen=True)
 class Preparation:
-    """What :func:`prepare` recorded just before the candidate's import: the policy and the thread baseline."""
+    """What :func:`prepare` recorded just before the candidate's import: the policy, the thread baseline and the
+    side-effect baseline."""
 
     policy: VerifyPolicy
     census: ThreadCensus | None
+    snapshot: ProductionSnapshot | None = None
 
 
-def prepare() -> Preparation | None:
-    """Read ``TILESMITH_VERIFY`` and take the thread baseline; call it *before* importing the candidate.
+def prepare(source: str | None = None) -> Preparation | None:
+    """Read ``TILESMITH_VERIFY`` and take the thread and side-effect baselines; call it *before* importing the
+    candidate. ``source``: the wrapper about to be imported (the side-effect baseline watches the namespaces it
+    names; ``None``: no side-effect check).
 
     Returns ``None`` when verification is off (``TILESMITH_VERIFY=off``) or the policy checks nothing. Starts
     the verification clock thread first (so it is part of the baseline) and brings the intra-op pool to full size.
@@ -97,7 +105,11 @@ def prepare() -> Preparation | None:
     if policy.threads:
         warm_intra_op_pool()
         census = ThreadCensus(own=(own,) if own else ())
-    return Preparation(policy, census)
+    snapshot = None
+    if policy.state and source is not None:
+        snapshot = ProductionSnapshot()
+        snapshot.baseline(torchstate.wrapper_namespaces(source))
+    return Preparation(policy, census, snapshot)
 
 
 def guard(run: RunContext, handle: Any, track: Any, fn: Any, module: Any, source: str,
@@ -175,7 +187,7 @@ class Verifier:
 
     def __init__(self, run: RunContext, handle: Any, track: Any, fn: Any, module: Any, source: str, prep: Preparation):
         self.run, self.handle, self.track, self.fn, self.source = run, handle, track, fn, source
-        self.policy, self.census = prep.policy, prep.census
+        self.policy, self.census, self.snapshot = prep.policy, prep.census, prep.snapshot
         self.original = handle.original
         self.key, self.label, self.graph_name = handle.key, handle.label, handle.graph.name
         self.mutated = tuple(handle.graph.mutated_input_idxs)
@@ -380,6 +392,13 @@ class Verifier:
             if threads:
                 return _Problem("thread_count", f"{len(threads)} new OS thread(s) since install "
                                                 f"({len(self.census.baseline)} at install): " + "; ".join(threads[:4]))
+        if self.snapshot is not None:
+            changed = self.snapshot.changes()
+            if changed:
+                return _Problem("global_state", f"{len(changed)} process-global attribute(s) or setting(s) differ "
+                                f"from their state before the wrapper was imported: {'; '.join(changed[:6])}. "
+                                "(If your own code changed them after tilesmith.compile, set them before it or turn "
+                                "this check off with TILESMITH_VERIFY=...,state=off.)")
         return None
 
     def _inputs_problem(self, shadow: _Shadow) -> _Problem | None:

@@ -47,6 +47,8 @@ Rules for every agency level (the host gate enforces them):
 - Results must match the original on normal, all-zero and high-magnitude inputs (NaN/Inf positions included).
 - No caching of results across calls, no work left running on other streams or threads, no change of global
   state (TF32 flags, allocator settings, random seeds), no timers, no patching of torch or of the harness.
+- Import only what the original wrapper imports (the same modules, the same names from them), plus torch,
+  torch._inductor.*, torch._C.*, torch.cuda.*, triton.* and math; the gate refuses any other import.
 - A candidate is accepted only when it is at least {min_improvement:.1f}% faster than the incumbent, measured by
   the host with paired CUDA-event samples and confirmed in a fresh process.
 

@@ -28,27 +28,50 @@ _REMEDY = {
 }
 
 
-def _collect(answer: Any, out: list[dict[str, Any]]) -> None:
+def _collect(answer: Any, out: list[Any], key: str = "audit", kind: type = dict) -> None:
     if isinstance(answer, dict):
-        records = answer.get("audit")
+        records = answer.get(key)
         if isinstance(records, list):
-            out.extend(r for r in records if isinstance(r, dict))
-        for key in ("facts", "steps"):
-            _collect(answer.get(key), out)
+            out.extend(r for r in records if isinstance(r, kind))
+        for inner in ("facts", "steps"):
+            _collect(answer.get(inner), out, key, kind)
     elif isinstance(answer, list):
         for item in answer:
-            _collect(item, out)
+            _collect(item, out, key, kind)
+
+
+def import_failures(answer: Any, where: str) -> list[CheckFailure]:
+    """One ``import_not_allowed`` failure for the imports the worker's guard refused anywhere in ``answer``
+    (:mod:`tilesmith.gate.worker.imports`; module names are candidate text, quoted)."""
+    refused: list[str] = []
+    _collect(answer, refused, "imports_refused", str)
+    refused = list(dict.fromkeys(refused))
+    if not refused:
+        return []
+    return [CheckFailure("import_not_allowed",
+                         f"{where}: the candidate's code imported module(s) that the original wrapper does not import "
+                         f"and the gate's allow-list does not hold: "
+                         f"{', '.join(untrusted_text(r, 160) for r in refused[:6])}; refused. Import only what the "
+                         f"original imports (the same modules, the same names from them) or what the allow-list "
+                         f"holds: {ALLOW_TEXT} (docs/gate.md, \"Imports\").")]
+
+
+#: The worker's allow-list (tilesmith/gate/worker/imports.py ``ALLOWED``/``ALLOWED_NAMES``), as the remedy quotes it.
+ALLOW_TEXT = ("torch, torch._inductor.*, torch._C.*, torch._dynamo.testing, torch.profiler, torch.cuda.*, triton.*, "
+              "math, cmath, `from tilesmith.kernels.runtime import native_module`")
 
 
 def failures_from_answer(answer: Any, where: str) -> list[CheckFailure]:
-    """CheckFailures (``audit_*``) for every audit record anywhere in a worker answer (facts, steps).
+    """CheckFailures (``audit_*``) for every audit record anywhere in a worker answer (facts, steps), and
+    ``import_not_allowed`` for refused imports (:func:`import_failures`).
 
     The detail and the function name come from the candidate's own actions, so they are quoted with
     :func:`tilesmith.gate.host.process.untrusted_text`.
     """
     records: list[dict[str, Any]] = []
     _collect(answer, records)
-    fails, seen = [], set()
+    fails = import_failures(answer, where)
+    seen = set()
     for r in records:
         check = str(r.get("check"))
         if check not in AUDIT_CHECKS:

@@ -158,6 +158,10 @@ class Gate:
         self.expected: list[dict[str, Any]] = []
         self.fsize_limit = 0
         self.original_effects: tuple[str, ...] = ()
+        self.original_imports: dict[str, Any] = {}
+        """What the original imported in the trusted worker (modules, names, module objects it binds): a
+        candidate worker refuses any other import of candidate code beyond the allow-list (docs/gate.md,
+        "Imports")."""
         """What loading and warming up the original changed in the trusted worker (attribute identities, state
         keys); candidate workers do not report those (the original's own import changes them the same way)."""
         self.memory_problem: str | None = None
@@ -166,6 +170,7 @@ class Gate:
             self._trusted = self._start_worker("trusted")
             init = self._ready(self._trusted, "the trusted worker")
             self.original_effects = tuple(str(n) for n in init.get("original_effects") or ())
+            self.original_imports = dict(init.get("original_imports") or {})
             self.memory: MemoryPlan = plan_from(str(self.device), init)
             self.reference = TrustedReference(self._trusted, self.files, self.worker_timeout_s)
             self.captured: RefResult = self.reference.run(recipe("normal", 0), seed=0)
@@ -241,7 +246,7 @@ class Gate:
             inputs_to_check=list(self.problem.graph.inputs_to_check),
             mutated_input_idxs=list(self.problem.graph.mutated_input_idxs),
             original_path=str(self.original_path) if role == "trusted" else None,
-            ignore_effects=list(self.original_effects),
+            ignore_effects=list(self.original_effects), allowed_imports=self.original_imports,
             base_inputs=str(self.problem.inputs_path), expected=self.expected,
             fsize_limit=self.fsize_limit if role != "trusted" else 0)
         # A CUDA spare gets its ``init`` (device context, inputs on the device) only when it is taken: until

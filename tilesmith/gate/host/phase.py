@@ -404,7 +404,8 @@ def _unlink(path: Path) -> None:
 
 STATUS_ORDER = (
     ("rejected_static", lambda c: c.startswith("static_")),
-    ("rejected_global_state", lambda c: c.startswith("audit_")),  # the cause of any load error/exception it made
+    # the cause of any load error/exception it made (a refused import raises ImportError at the candidate's import)
+    ("rejected_global_state", lambda c: c.startswith("audit_") or c == "import_not_allowed"),
     ("rejected_load", lambda c: c == "load_error"),
     ("rejected_timeout", lambda c: c == "timeout"),
     ("gate_memory", lambda c: c == "gate_memory"),  # the memory the gate left was not enough

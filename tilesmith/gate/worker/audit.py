@@ -221,6 +221,25 @@ class _State:
             frame = frame.f_back
         return False, via_import, None
 
+    def direct_frame(self, frame: Any, through_imports: bool = False) -> Any:
+        """The subject frame of an import request made at ``frame``: walking outward over the standard library,
+        the first other frame when it is a candidate frame (before :meth:`arm`: any file of the private
+        directory, the trusted worker's original); else ``None``. Stops at the first library frame (cheap:
+        called for every ``import`` statement, :mod:`tilesmith.gate.worker.imports`). Without
+        ``through_imports`` a frame of the import machinery also stops it: the request is then made by a module
+        body being imported (or by the machinery itself), and the import that started it was judged already."""
+        while frame is not None:
+            name = frame.f_code.co_filename
+            if not through_imports and name.startswith("<frozen importlib"):
+                return None
+            kind = self.kind(name)
+            if kind == _CANDIDATE:
+                return frame
+            if kind == _LIBRARY:
+                return None
+            frame = frame.f_back
+        return None
+
     # -- paths -------------------------------------------------------------------------------------
     def resolve(self, value: Any) -> str | None:
         """The real path; ``""`` for a descriptor that is not a file path (a pipe, a socket): wrapping an
@@ -406,6 +425,7 @@ class Audit:
     """Handle the worker keeps: :meth:`arm` before the candidate's import, :meth:`drain` into every answer."""
 
     def __init__(self, state: _State) -> None:
+        self._state = state
         self._arm = state.arm
         self._records = state.records
         self._seen = state.seen
@@ -413,6 +433,11 @@ class Audit:
     def arm(self) -> None:
         """Snapshot the trusted files of the private directory and start judging events."""
         self._arm()
+
+    def guard_imports(self, guard: Any) -> None:
+        """Install ``guard`` (:class:`tilesmith.gate.worker.imports.ImportGuard`), attributing its import
+        requests to candidate frames by the *direct* rule (:meth:`_State.direct_frame`)."""
+        guard.install(self._state.direct_frame)
 
     def drain(self) -> list[dict[str, Any]]:
         """The records since the last drain (each: check, event, detail, candidate line and function)."""

@@ -26,10 +26,9 @@ from typing import Any
 
 import torch
 
-from tilesmith.gate import inputs, layout, protocol, torchstate
-from tilesmith.gate.worker import audit, bindings
+from tilesmith.gate import inputs, layout, protocol, sidefx, torchstate
+from tilesmith.gate.worker import audit, bindings, imports
 from tilesmith.gate.worker import runtime as worker_runtime
-from tilesmith.gate.worker import sidefx
 from tilesmith.gate.worker import timing as worker_timing
 from tilesmith.gate.worker.bindings import T, against_expected, compact_cpu, fast_saves
 from tilesmith.gate.worker.runtime import GuardedAllocator, InputSet
@@ -79,6 +78,8 @@ class Worker:
         self.base_light: dict[str, Any] = {}
         self.sidefx = sidefx.SideEffects()
         self.watch: list[str] = []
+        self.imports = imports.ImportGuard()
+        """What candidate code may import (:mod:`.imports`): installed at ``init`` in both roles."""
 
     # -- transport ---------------------------------------------------------------------------------
     def send(self, message: dict[str, Any]) -> None:
@@ -125,6 +126,10 @@ class Worker:
     def op_init(self, msg: dict[str, Any]) -> dict[str, Any]:
         self.role = "trusted" if msg.get("role") == "trusted" else "candidate"
         self.device = torch.device(msg["device"])
+        if self.auditor is not None:  # before every baseline: builtins.__import__ is watched from then on
+            self.auditor.guard_imports(self.imports)
+        if isinstance(msg.get("allowed_imports"), dict):
+            self.imports.grant(msg["allowed_imports"])
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
             torch.empty(1, device=self.device)
@@ -153,8 +158,13 @@ class Worker:
         if self.role == "trusted":
             before = sidefx.SideEffects()
             before.baseline(self.watch)
-            answer.update(self._load_original(msg["original_path"]))
+            self.imports.mode = "record"
+            try:
+                answer.update(self._load_original(msg["original_path"]))
+            finally:
+                self.imports.mode = None
             answer["original_effects"] = before.effects()
+            answer["original_imports"] = self.imports.grants(self.modules["orig"].namespace)
         self.allocator = GuardedAllocator(self.device)
         limit = int(msg.get("fsize_limit", 0))
         if limit > 0:
@@ -253,6 +263,8 @@ class Worker:
         name = str(msg["name"])
         if self.auditor is not None and (name != "ctl" or not self.modules):
             self.auditor.arm()  # every file in the private dir now is trusted; what appears later is not
+        if self.auditor is not None:
+            self.imports.mode = "enforce"
         t0 = T.perf_ns()
         try:
             loaded = self._load_module(name, msg["source"], trusted=False)
@@ -278,6 +290,7 @@ class Worker:
         missing = object()
         return {
             "audit": self.auditor.drain() if self.auditor is not None else [],
+            "imports_refused": self.imports.drain(),
             "identity_changes": sorted(k for k, v in self.base_light.items() if now.get(k, missing) is not v),
             "threads_new": [f"{t.name} (daemon={t.daemon})" for t in T.threads()
                             if t.ident not in self.base_threads and t.is_alive()],
@@ -295,8 +308,12 @@ class Worker:
         # A module replaced in sys.modules would be picked up by any later `from tilesmith... import`.
         identity += [f"sys.modules[{n!r}]" for n, m in self.base_modules.items() if sys.modules.get(n) is not m]
         identity += [n for n in self.sidefx.identity_changes() if n not in identity]
+        for loaded in list(self.modules.values()):
+            if not loaded.trusted:
+                self.imports.scan(loaded.namespace)
         return {
             "audit": self.auditor.drain() if self.auditor is not None else [],
+            "imports_refused": self.imports.drain(),
             "state_changes": changes,
             "identity_changes": identity,
             "threads_new": [f"{t.name} (daemon={t.daemon})" for t in now_threads],

@@ -1,6 +1,8 @@
 """Side effects by structure (issue 15, item 3): what a candidate's import and calls left behind in the worker.
 
-Runs only inside ``python -m tilesmith.gate.worker``. :class:`SideEffects` takes its baseline after the
+Shared (standard library and torch only, no host or worker import): the gate worker uses :class:`SideEffects`
+for every candidate, and production verification (:mod:`tilesmith.install.verify`) re-checks the cheap part of the
+same snapshot in the user's process (:class:`ProductionSnapshot`). In the worker :class:`SideEffects` takes its baseline after the
 worker's own set-up and before any candidate code is imported (with the other baselines of
 :meth:`tilesmith.gate.worker.core.Worker._take_baselines`) and reports, after every candidate import and call,
 facts only (the host turns them into failures in :mod:`tilesmith.gate.host.answers`):
@@ -309,3 +311,46 @@ def _describe(item: Any) -> str:
         return item[:200]
     kind = item if isinstance(item, type) else type(item)
     return f"{getattr(kind, '__module__', '?')}.{getattr(kind, '__qualname__', '?')}"[:200]
+
+
+#: Namespaces production verification watches whatever the wrapper imports (the operator namespaces a wrapper
+#: calls through and the extern kernels). Not :data:`FIXED`'s Inductor modules, whose module state the user's
+#: later compilations legitimately change, nor ``sys`` (the user's ``sys.stdout`` and friends).
+PRODUCTION_FIXED = ("torch.ops.aten", "torch.ops.prims", "torch.ops.inductor",
+                    "torch._inductor.select_algorithm.extern_kernels")
+
+
+class ProductionSnapshot(SideEffects):
+    """The cheap part of :class:`SideEffects`, for production verification in the user's process
+    (:mod:`tilesmith.install.verify`): the identity of every attribute of the namespaces the installed wrapper's
+    source names (:func:`tilesmith.gate.torchstate.wrapper_namespaces`, passed in) plus :data:`PRODUCTION_FIXED`,
+    the ``torch.backends.*`` values (:func:`backend_values`) and the denormal probe (:func:`probe_denormals`).
+    Left out: the compiler configurations, the getters and the import-system lists (the user's own code changes
+    those between calls as it likes).
+
+    :meth:`baseline` before the wrapper's import; :meth:`changes` on a checked call (a few milliseconds on the
+    CPU: docs/verification.md, "Cost")."""
+
+    def baseline(self, wrapper_names: Iterable[str]) -> None:
+        """Record everything (``wrapper_names``: the namespaces the wrapper's source names)."""
+        backends = [n for n in list(sys.modules) if n.startswith("torch.backends")]
+        self.names = tuple(dict.fromkeys([*PRODUCTION_FIXED, *backends, *wrapper_names]))
+        self.base_attrs = {}
+        for name in self.names:
+            obj = _resolve(name)
+            space = _namespace(obj)
+            if space is not None:
+                self.base_attrs[name] = (dict(space), obj)
+        self.base_values = self.values()
+        self.base_lists = {}
+
+    @staticmethod
+    def values() -> dict[str, Any]:
+        return {**backend_values(), **probe_denormals()}
+
+    def changes(self) -> list[str]:
+        """What differs from the baseline, one short line each: ``"extern_kernels.mm"``-style names of replaced
+        or removed attributes, ``"torch.backends.mkldnn.enabled: True → False"`` for values."""
+        out = list(self.identity_changes())
+        out += [f"{k}: {a!r} → {b!r}" for k, (a, b) in self.state_changes().items()]
+        return out
