@@ -5,8 +5,9 @@
 
 Takes the baseline for the namespaces the given Inductor wrapper names (after importing them, as the user's process
 has) and times :meth:`ProductionSnapshot.changes` (the whole per-check work: attribute identities, torch.backends
-values, the denormal probe) ``--repeats`` times with the host clock. Prints the namespaces and attributes watched,
-the median and the 10th/90th percentiles in milliseconds, as JSON.
+values, the denormal probe) ``--repeats`` times with the host clock, then a state window's opening and reading
+(:class:`tilesmith.gate.window.StateWindow`, once per checked call). Prints the namespaces and attributes watched,
+the median and the 10th/90th percentiles of each in milliseconds (``snapshot_ms_*``, ``window_ms_*``), as JSON.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ def main() -> int:
 
     from tilesmith.gate import torchstate
     from tilesmith.gate.sidefx import ProductionSnapshot
+    from tilesmith.gate.window import StateWindow
 
     names = torchstate.wrapper_namespaces(Path(args.wrapper).read_text(encoding="utf-8"))
     for name in names:
@@ -45,13 +47,22 @@ def main() -> int:
         t0 = time.perf_counter()
         snap.changes()
         times.append((time.perf_counter() - t0) * 1e3)
-    times.sort()
-    pick = lambda q: round(times[min(len(times) - 1, int(q * len(times)))], 3)  # noqa: E731
+    window = []
+    for _ in range(args.repeats):
+        t0 = time.perf_counter()
+        StateWindow("cpu").changes()  # opened before the wrapper runs, read after it
+        window.append((time.perf_counter() - t0) * 1e3)
     print(json.dumps({"wrapper": args.wrapper, "namespaces": len(snap.base_attrs),
                       "attributes": sum(len(a) for a, _ in snap.base_attrs.values()),
                       "values": len(snap.base_values), "repeats": args.repeats,
-                      "ms_median": pick(0.5), "ms_p10": pick(0.1), "ms_p90": pick(0.9)}))
+                      **_quantiles("snapshot", times), **_quantiles("window", window)}))
     return 0
+
+
+def _quantiles(name: str, times: list[float]) -> dict[str, float]:
+    times = sorted(times)
+    pick = lambda q: round(times[min(len(times) - 1, int(q * len(times)))], 3)  # noqa: E731
+    return {f"{name}_ms_median": pick(0.5), f"{name}_ms_p10": pick(0.1), f"{name}_ms_p90": pick(0.9)}
 
 
 if __name__ == "__main__":

@@ -553,3 +553,90 @@ def test_state_check_can_be_turned_off(stand_in_gate, monkeypatch, restored):
     compiled, _ = _compile(vs.backend_flag_flipper(2), "first=10,every=off,interval=off,state=off", monkeypatch)
     _drive(compiled, 1 + 4)
     assert "verification_failed" not in _kinds(compiled) and _verifier(compiled)[1].snapshot is None
+
+
+# -- state windows: what changes while only the wrapper runs (its import, a checked call) -------------------------
+@pytest.fixture
+def user_state():
+    """Save and restore what the window tests change: the default dtype, the float32 matmul precision, Python's
+    global ``random``."""
+    import random
+
+    dtype, precision, state = torch.get_default_dtype(), torch.get_float32_matmul_precision(), random.getstate()
+    yield
+    torch.set_default_dtype(dtype)
+    torch.set_float32_matmul_precision(precision)
+    random.setstate(state)
+
+
+@pytest.mark.parametrize("changer, key", [
+    (vs.random_reseeder, "rng.python_random"),
+    (vs.random_drawer, "rng.python_random"),
+    (vs.precision_setter, "float32_matmul_precision"),
+], ids=["reseed-random", "draw-random", "matmul-precision"])
+def test_state_changed_while_the_wrapper_runs_is_caught_and_put_back(stand_in_gate, monkeypatch, restored,
+                                                                   user_state, changer, key):
+    import random
+
+    compiled, _ = _compile(changer(2), "first=10,every=off,interval=off,threads=off", monkeypatch)
+    random.seed(99)
+    expected = [random.random() for _ in range(4)]
+    random.seed(99)
+    precision = torch.get_float32_matmul_precision()
+    drawn = []
+    for i in range(4):  # the user's own draws between calls are not blamed on the wrapper
+        x, w = _inputs(i + 1)
+        assert float((compiled(x, w) - _fn(x, w)).abs().max()) < 1e-5
+        drawn.append(random.random())
+    handle, _ = _verifier(compiled)
+    assert handle.state == "uninstalled"
+    diag = _failure(compiled)
+    assert "call 2 since install" in diag.message and key in diag.message and handle.key[:8] in diag.message
+    # the wrapper's change was put back: the user's stream and settings are what they would have been
+    assert drawn == expected and torch.get_float32_matmul_precision() == precision
+
+
+def test_users_own_state_changes_between_calls_are_not_blamed(stand_in_gate, monkeypatch, restored, user_state):
+    import random
+
+    compiled, _ = _compile(vs.honest(), "first=10,every=off,interval=off", monkeypatch)
+    for i in range(5):
+        random.seed(i)
+        random.random()
+        x, w = _inputs(i + 1)
+        compiled(x, w)
+    assert "verification_failed" not in _kinds(compiled) and _verifier(compiled)[0].state == "installed"
+
+
+@pytest.mark.parametrize("prelude, key", [
+    ("torch.set_default_dtype(torch.float64)\n", "default_dtype"),
+    ("import random as _r\n_r.seed(7)\n", "rng.python_random"),
+], ids=["default-dtype", "reseed-random"])
+def test_state_changed_by_the_wrappers_import_keeps_inductor_and_is_put_back(stand_in_gate, monkeypatch, restored,
+                                                                             user_state, prelude, key):
+    import random
+
+    random.seed(5)
+    expected = random.random()
+    random.seed(5)
+    compiled, _ = _compile(vs.import_time_state(prelude), "first=10,every=off,interval=off", monkeypatch)
+    x, w = _inputs(1)
+    assert float((compiled(x, w) - _fn(x, w)).abs().max()) < 1e-5
+    (diag,) = [d for d in tilesmith.diagnostics(compiled) if d.kind == "verification_failed"]
+    assert "importing the accepted wrapper" in diag.message and key in diag.message
+    assert _verifier(compiled)[0].state != "installed"
+    assert torch.get_default_dtype() == torch.float32 and random.random() == expected
+
+
+def test_checks_stay_frequent_when_the_wrapper_makes_unchecked_calls_look_free(stand_in_gate, monkeypatch):
+    """The sampled gap uses the graph's own time per call; a wrapper that skips its work on calls it guesses are
+    unchecked shrinks the wall time between checks. The gate's measured time is the floor of that estimate."""
+    compiled, _ = _compile(vs.honest(), "first=1,every=10,interval=off", monkeypatch)
+    x, w = _inputs(1)
+    compiled(x, w)
+    _, verifier = _verifier(compiled)
+    verifier.gate_call_s = 0.01
+    verifier.call_s, verifier.spacing_s = 1e-3, 1e-7  # unchecked calls that seem to cost nothing
+    assert verifier.graph_time_s() == pytest.approx(0.005)
+    verifier.gate_call_s = 0.0
+    assert verifier.graph_time_s() == pytest.approx(1e-7)

@@ -198,6 +198,44 @@ def flush_denormal_flipper(at_call: int):
         """, prelude="_n = [0]\n")
 
 
+def random_reseeder(at_call: int):
+    """Results always right; from call ``at_call`` on it reseeds Python's global ``random`` on every call (the
+    user's ``random.random()`` then repeats one value)."""
+    return rebind_call(f"""
+        _n[0] += 1
+        if _n[0] >= {at_call}:
+            _r.seed(1234)
+        return _inner(args)
+        """, prelude="import random as _r\n_n = [0]\n")
+
+
+def random_drawer(at_call: int):
+    """Results always right; at call ``at_call`` it draws from Python's global ``random`` (the user's stream
+    moves on)."""
+    return rebind_call(f"""
+        _n[0] += 1
+        if _n[0] == {at_call}:
+            getattr(__import__('ran' + 'dom'), 'getrandbits')(64)
+        return _inner(args)
+        """, prelude="_n = [0]\n")
+
+
+def precision_setter(at_call: int):
+    """Results right on these inputs; at call ``at_call`` it sets the float32 matmul precision to "medium" (a
+    setter whose getter the user may use too: only a change while the wrapper runs is blamed on it)."""
+    return rebind_call(f"""
+        _n[0] += 1
+        if _n[0] == {at_call}:
+            torch.set_float32_matmul_precision('med' + 'ium')
+        return _inner(args)
+        """, prelude="_n = [0]\n")
+
+
+def import_time_state(prelude: str):
+    """Honest results; ``prelude`` (module-level code, run once at import) changes process-global state."""
+    return rebind_call("return _inner(args)", prelude=prelude)
+
+
 def restore_process_state():
     """Undo what the three state changers above leave in the test process (a context manager)."""
     import contextlib

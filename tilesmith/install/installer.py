@@ -16,6 +16,7 @@ from typing import Any
 
 from tilesmith.cache.reuse import forward_cache_problems
 from tilesmith.context import RunContext
+from tilesmith.gate.window import StateWindow
 from tilesmith.install import verify
 from tilesmith.install.loader import entry_point, load_wrapper, swap
 from tilesmith.records import BenchmarkRecord, Candidate, GraphState, Timing, Verdict
@@ -30,11 +31,20 @@ def install(run: RunContext, handle: Any, track: Track, candidate: Candidate, ve
     and record its benchmark."""
     try:
         prep = verify.prepare(candidate.source)  # thread and side-effect baselines before the candidate's import
+        window = StateWindow(str(handle.graph.device)) if prep is not None and prep.snapshot is not None else None
         module = load_wrapper(candidate.source, handle.constants)
         fn = entry_point(module, handle.graph.inputs_to_check, handle.graph.mutated_input_idxs)
     except Exception as exc:  # noqa: BLE001
         keep_inductor(run, track, "install_failed", f"graph {track.label}: the accepted candidate failed to load "
                       f"in the host ({type(exc).__name__}: {exc}); the graph stays on Inductor.")
+        return None
+    changed = window.changes() if window is not None else []
+    if changed:  # nothing but the import ran since the window opened: the candidate's doing
+        window.restore()
+        keep_inductor(run, track, "verification_failed", f"graph {track.label}: importing the accepted wrapper in "
+                      f"your process changed process-global state ({'; '.join(changed[:6])}); it was put back "
+                      "where it has a setter, and the graph stays on Inductor. The artifact is not stored. "
+                      "(TILESMITH_VERIFY=...,state=off turns this check off.)")
         return None
     record = benchmark_record(run, handle, track, verdict, source=source, loops=loops)
     handle.installed_source, handle.record = candidate.source, record

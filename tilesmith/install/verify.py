@@ -49,6 +49,7 @@ from tilesmith import settings
 from tilesmith.context import RunContext
 from tilesmith.gate import torchstate
 from tilesmith.gate.sidefx import ProductionSnapshot
+from tilesmith.gate.window import StateWindow
 from tilesmith.gate.host.compare import check_values, compare_output, compare_structure, tolerance_for
 from tilesmith.install.shadow import (
     PERTURB_ULPS,
@@ -167,13 +168,14 @@ class _Problem:
 class _Shadow:
     """One checked call's copies, RNG states and the original's outputs."""
 
-    __slots__ = ("real", "copies", "pre_rng", "post_rng", "outputs")
+    __slots__ = ("real", "copies", "pre_rng", "post_rng", "outputs", "window")
 
     def __init__(self, real: list[Any], copies: list[Any]):
         self.real, self.copies = real, copies
         self.pre_rng: Any = None
         self.post_rng: Any = None
         self.outputs: Any = None
+        self.window: StateWindow | None = None
 
 
 class Verifier:
@@ -196,6 +198,8 @@ class Verifier:
         self.module = module
         file = getattr(module, "__file__", None)
         self.wrapper_files = (file,) if file else ()
+        record = getattr(handle, "record", None)
+        self.gate_call_s = float(getattr(record, "tilesmith_ms", 0.0) or 0.0) / 1e3
         self.calls = 0
         self.checks = 0
         self.skipped = 0
@@ -243,9 +247,11 @@ class Verifier:
     def graph_time_s(self) -> float | None:
         """Estimated seconds of this graph's own time per call: the smaller of the wrapper's time measured on
         checked calls (an overestimate for tiny graphs: a rare check finds cold caches) and the wall time per call
-        between checks (an overestimate when the program does other work between calls)."""
+        between checks (an overestimate when the program does other work between calls), never below half the
+        gate's measured time per call (``BenchmarkRecord.tilesmith_ms``): a wrapper that skips its work on calls it
+        guesses are unchecked must not shrink its own estimate and so make checks rarer."""
         known = [t for t in (self.call_s, self.spacing_s) if t]
-        return min(known) if known else None
+        return max(min(known), 0.5 * self.gate_call_s) if known else None
 
     def _note_spacing(self, n: int, started: float) -> None:
         between = n - self._last_n - 1  # unchecked calls since the previous check ended
@@ -293,6 +299,8 @@ class Verifier:
                       "per reason).", skip[0])
             self._reschedule(n, None, None)
             return self.fn(args)
+        if self.snapshot is not None:  # the state policy: also what changes while only the wrapper runs
+            shadow.window = StateWindow(str(self.device))
         t0 = time.perf_counter()
         try:
             outputs = self.fn(args)
@@ -383,6 +391,12 @@ class Verifier:
             written = self._inputs_problem(shadow)
             if written is not None:
                 return written
+        changed = shadow.window.changes() if shadow.window is not None else []
+        if changed:
+            shadow.window.restore()
+            return _Problem("global_state", f"process-global state changed while only the installed wrapper ran "
+                                            f"(checked call {n}): {'; '.join(changed[:6])}; put back where it has "
+                                            "a setter. (TILESMITH_VERIFY=...,state=off turns this check off.)")
         if not rng_equal(rng_state(self.device), shadow.post_rng):
             return _Problem("rng_state", "the random-number generator state after the installed wrapper differs "
                                          "from the state after the original on the same starting state: it "
