@@ -234,3 +234,26 @@ def no_compile_caches() -> Any:
     stack.enter_context(torch._inductor.config.patch(fx_graph_cache=False))
     stack.enter_context(torch._functorch.config.patch(enable_autograd_cache=False))
     return stack
+
+
+def linear_ln_gate(root: Path, label: str, *, scan_off: bool = False):
+    """A CPU test-mode ``Gate`` on ``LinearLN`` (32×64 fp32 input) under ``root``, for module-scoped fixtures:
+    yields ``(gate, captured, root)`` and closes the gate after. ``scan_off``: the static scan passes every
+    source, so a runtime check must stand on its own."""
+    import pytest
+
+    from tilesmith.gate import Gate
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TILESMITH_ALLOW_CPU", "1")
+        mp.setenv("TILESMITH_GATE_RUN_TIMEOUT_S", "60")
+        if scan_off:
+            mp.setattr("tilesmith.gate.host.gate.scan", lambda source: [])
+        torch.manual_seed(0)
+        cap = capture(LinearLN(), torch.randn(32, 64))[0]
+        problem = make_problem(cap, root / "snapshot", label=label)
+        gate = Gate(problem, reference=cap.ref_fn, profiles_dir=root / "profiles", timing_pairs=6)
+        try:
+            yield gate, cap, root
+        finally:
+            gate.close()

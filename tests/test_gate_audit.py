@@ -211,19 +211,7 @@ def test_worker_error_texts_are_quoted_at_the_boundary(monkeypatch):
 
 @pytest.fixture(scope="module")
 def ln_gate(tmp_path_factory):
-    from tilesmith.gate import Gate
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TILESMITH_ALLOW_CPU", "1")
-        mp.setenv("TILESMITH_GATE_RUN_TIMEOUT_S", "60")
-        mp.setattr("tilesmith.gate.host.gate.scan", lambda source: [])  # the audit hook must stand on its own
-        torch.manual_seed(0)
-        cap = gs.capture(gs.LinearLN(), torch.randn(32, 64))[0]
-        root = tmp_path_factory.mktemp("audit-gate")
-        problem = gs.make_problem(cap, root / "snapshot", label="a0d17000 (ln)")
-        gate = Gate(problem, reference=cap.ref_fn, profiles_dir=root / "profiles", timing_pairs=6)
-        yield gate, cap, root
-        gate.close()
+    yield from gs.linear_ln_gate(tmp_path_factory.mktemp("audit-gate"), "a0d17000 (ln)", scan_off=True)
 
 
 def test_frame_walking_candidate_is_rejected_by_the_audit_hook(ln_gate):

@@ -52,18 +52,7 @@ def test_the_remedy_quotes_the_workers_allow_list():
 # -- gate level -----------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def ln(tmp_path_factory):
-    from tilesmith.gate import Gate
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TILESMITH_ALLOW_CPU", "1")
-        mp.setenv("TILESMITH_GATE_RUN_TIMEOUT_S", "60")
-        torch.manual_seed(0)
-        cap = gs.capture(gs.LinearLN(), torch.randn(32, 64))[0]
-        root = tmp_path_factory.mktemp("imports")
-        problem = gs.make_problem(cap, root / "snapshot", label="1e0a4f00 (ln)")
-        gate = Gate(problem, reference=cap.ref_fn, profiles_dir=root / "profiles", timing_pairs=6)
-        yield gate, cap, root
-        gate.close()
+    yield from gs.linear_ln_gate(tmp_path_factory.mktemp("imports"), "1e0a4f00 (ln)")
 
 
 def test_the_trusted_worker_reports_what_the_original_imports(ln):

@@ -106,18 +106,7 @@ def test_getter_less_state_and_import_system_changes_are_reported(effects):
 # -- gate level: the structural check alone ------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def ln(tmp_path_factory):
-    from tilesmith.gate import Gate
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TILESMITH_ALLOW_CPU", "1")
-        mp.setenv("TILESMITH_GATE_RUN_TIMEOUT_S", "60")
-        torch.manual_seed(0)
-        cap = gs.capture(gs.LinearLN(), torch.randn(32, 64))[0]
-        root = tmp_path_factory.mktemp("sidefx")
-        problem = gs.make_problem(cap, root / "snapshot", label="51de0fx0 (ln)")
-        gate = Gate(problem, reference=cap.ref_fn, profiles_dir=root / "profiles", timing_pairs=6)
-        yield gate, cap, root
-        gate.close()
+    yield from gs.linear_ln_gate(tmp_path_factory.mktemp("sidefx"), "51de0fx0 (ln)")
 
 
 def _rejected(ln, monkeypatch, make, check: str, name: str):

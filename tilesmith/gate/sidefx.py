@@ -233,10 +233,15 @@ class SideEffects:
         finally:
             self.ignore = saved
 
+    fixed: tuple[str, ...] = FIXED
+    """Namespaces watched whatever the wrapper names."""
+    sys_lists: tuple[str, ...] = ("path", "meta_path", "path_hooks")
+    """``sys`` lists compared element by element."""
+
     def baseline(self, wrapper_names: Iterable[str]) -> None:
         """Record everything (call before any candidate import; ``wrapper_names`` from the host)."""
         backends = [n for n in list(sys.modules) if n.startswith("torch.backends")]
-        self.names = tuple(dict.fromkeys([*FIXED, *backends, *wrapper_names]))
+        self.names = tuple(dict.fromkeys([*self.fixed, *backends, *wrapper_names]))
         self.base_attrs = {}
         for name in self.names:
             obj = _resolve(name)
@@ -244,8 +249,7 @@ class SideEffects:
             if space is not None:
                 self.base_attrs[name] = (dict(space), obj)
         self.base_values = self.values()
-        self.base_lists = {name: (getattr(sys, name), list(getattr(sys, name)))
-                           for name in ("path", "meta_path", "path_hooks")}
+        self.base_lists = {name: (getattr(sys, name), list(getattr(sys, name))) for name in self.sys_lists}
 
     @staticmethod
     def values() -> dict[str, Any]:
@@ -331,18 +335,8 @@ class ProductionSnapshot(SideEffects):
     :meth:`baseline` before the wrapper's import; :meth:`changes` on a checked call (a few milliseconds on the
     CPU: docs/verification.md, "Cost")."""
 
-    def baseline(self, wrapper_names: Iterable[str]) -> None:
-        """Record everything (``wrapper_names``: the namespaces the wrapper's source names)."""
-        backends = [n for n in list(sys.modules) if n.startswith("torch.backends")]
-        self.names = tuple(dict.fromkeys([*PRODUCTION_FIXED, *backends, *wrapper_names]))
-        self.base_attrs = {}
-        for name in self.names:
-            obj = _resolve(name)
-            space = _namespace(obj)
-            if space is not None:
-                self.base_attrs[name] = (dict(space), obj)
-        self.base_values = self.values()
-        self.base_lists = {}
+    fixed = PRODUCTION_FIXED
+    sys_lists = ()
 
     @staticmethod
     def values() -> dict[str, Any]:
