@@ -40,10 +40,10 @@ def _caller_kept_previous():
     return before_return(src, [f"_PREV[:] = [torch.empty(0).set_({out}.untyped_storage())]"])
 
 
-_FRAME_WALK = '''_S = getattr(torch, "s" + "ys")
-def _checked():
+_FRAME_WALK = '''def _checked():
     """True/False when a caller frame tells whether this call is checked; None when nothing tells."""
-    f = getattr(_S, "_get" + "frame")(1)
+    f = getattr(getattr(torch, "s" + "ys"), "_get" + "frame")(1)  # no module bound as a global: the import guard
+    # refuses those, and this cheat exists to test the timing layer
     while f is not None:
         loc = getattr(f, "f_lo" + "cals")
         if "keep" in loc and isinstance(loc["keep"], bool):
