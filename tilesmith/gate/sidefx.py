@@ -214,6 +214,11 @@ def _show(value: Any) -> Any:
 class SideEffects:
     """Baseline and diff of the structural facts above (one per worker)."""
 
+    fixed: tuple[str, ...] = FIXED
+    """Namespaces watched whatever the wrapper names."""
+    sys_lists: tuple[str, ...] = ("path", "meta_path", "path_hooks")
+    """``sys`` lists compared element by element."""
+
     def __init__(self) -> None:
         self.names: tuple[str, ...] = ()
         self.base_attrs: dict[str, tuple[dict[str, Any], Any]] = {}
@@ -232,11 +237,6 @@ class SideEffects:
             return sorted({*self.identity_changes(), *self.state_changes()})
         finally:
             self.ignore = saved
-
-    fixed: tuple[str, ...] = FIXED
-    """Namespaces watched whatever the wrapper names."""
-    sys_lists: tuple[str, ...] = ("path", "meta_path", "path_hooks")
-    """``sys`` lists compared element by element."""
 
     def baseline(self, wrapper_names: Iterable[str]) -> None:
         """Record everything (call before any candidate import; ``wrapper_names`` from the host)."""
@@ -345,6 +345,9 @@ class ProductionSnapshot(SideEffects):
     def changes(self) -> list[str]:
         """What differs from the baseline, one short line each: ``"extern_kernels.mm"``-style names of replaced
         or removed attributes, ``"torch.backends.mkldnn.enabled: True → False"`` for values."""
-        out = list(self.identity_changes())
-        out += [f"{k}: {a!r} → {b!r}" for k, (a, b) in self.state_changes().items()]
-        return out
+        return list(self.identity_changes()) + change_lines(self.state_changes())
+
+
+def change_lines(diff: dict[str, list[Any]]) -> list[str]:
+    """``{key: [before, after]}`` as ``"key: before → after"`` lines (values as they travel to the host)."""
+    return [f"{k}: {_show(a)!r} → {_show(b)!r}" for k, (a, b) in diff.items()]

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from tilesmith.gate import torchstate
-from tilesmith.gate.sidefx import getter_values, probe_denormals
+from tilesmith.gate.sidefx import change_lines, getter_values, probe_denormals
 
 
 def _numpy_random() -> Any:
@@ -68,7 +68,6 @@ class StateWindow:
 
     def __init__(self, device: str):
         self.device = device
-        self.flags = torchstate.numeric_flags()
         self.python_random = random.getstate()
         get_state = getattr(_numpy_random(), "get_state", None)
         self.numpy_random = get_state() if get_state is not None else None
@@ -76,12 +75,11 @@ class StateWindow:
 
     def changes(self) -> list[str]:
         """``["default_dtype: 'torch.float32' → 'torch.float64'", ...]``: what differs from the window's opening."""
-        diff = torchstate.diff_state(self.before, window_values(self.device))
-        return [f"{k}: {_short(a)} → {_short(b)}" for k, (a, b) in diff.items()]
+        return change_lines(torchstate.diff_state(self.before, window_values(self.device)))
 
     def restore(self) -> list[str]:
         """Put back the numeric flags and both generators' states; returns the names that could not be set."""
-        failed = torchstate.apply_flags(self.flags)
+        failed = torchstate.apply_flags(self.before)  # reads only the numeric flags' keys
         if self.before.get("probe.denormal_float32_torch") == "kept" and \
                 probe_denormals()["probe.denormal_float32_torch"] == "flushed":
             torch.set_flush_denormal(False)
@@ -93,7 +91,3 @@ class StateWindow:
             except Exception:  # noqa: BLE001
                 failed.append("rng.numpy_random")
         return failed
-
-
-def _short(value: Any) -> str:
-    return repr(value)[:80]
