@@ -34,12 +34,10 @@ uninstalls and quarantines it, but is re-raised: its inputs are consumed and no 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import random
 import threading
 import time
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,18 +61,13 @@ from tilesmith.install.shadow import (
     tf32_in_effect,
     to_caller,
 )
+from tilesmith.install.schedule import CLOCK, Schedule
 from tilesmith.install.threads import ThreadCensus, warm_intra_op_pool
 from tilesmith.records import GraphState
 from tilesmith.settings import VerifyPolicy
 from tilesmith.track.snapshot import copy_input
 
 log = logging.getLogger("tilesmith")
-
-MAX_GAP = 10_000_000
-"""Upper bound of the mean gap between sampled checks (calls), whatever the budget computes."""
-_NEVER = 1 << 62
-_EMA = 0.3
-"""Weight of the newest check in the running estimates of check cost and call time."""
 
 
 @dataclass(frozen=True)
@@ -101,7 +94,7 @@ def prepare(source: str | None = None) -> Preparation | None:
     policy = settings.get("TILESMITH_VERIFY")
     if policy is None or (policy.first == 0 and policy.every is None and policy.interval_s is None):
         return None
-    own = _CLOCK.ensure_started() if policy.interval_s is not None else None
+    own = CLOCK.ensure_started() if policy.interval_s is not None else None
     census = None
     if policy.threads:
         warm_intra_op_pool()
@@ -141,7 +134,7 @@ def guard(run: RunContext, handle: Any, track: Any, fn: Any, module: Any, source
     verified_call._boxed_call = True  # type: ignore[attr-defined]
     verified_call._tilesmith_verifier = verifier  # type: ignore[attr-defined]
     if prep.policy.interval_s is not None:
-        _CLOCK.add(verifier)
+        CLOCK.add(verifier)
     return verified_call
 
 
@@ -178,7 +171,7 @@ class _Shadow:
         self.window: StateWindow | None = None
 
 
-class Verifier:
+class Verifier(Schedule):
     """Counters, schedule and checks of one installed graph (lives in the user's process).
 
     Read-only for callers: ``calls`` (calls since install), ``checks`` (passed checks), ``skipped``,
@@ -215,48 +208,6 @@ class Verifier:
         self._lock = threading.Lock()
         self._rng = random.Random(int.from_bytes(os.urandom(8), "little"))
         self.next_check = 1 if self.policy.first > 0 else self._sampled_next(0)
-
-    # -- schedule -----------------------------------------------------------------------------------------
-    def _sampled_next(self, n: int) -> int:
-        """Call number of the next sampled check after call ``n``: a geometric gap of mean ``self.gap``."""
-        if self.policy.every is None:
-            return _NEVER
-        if self.gap <= 1:
-            return n + 1
-        u = self._rng.random()
-        return n + 1 + int(math.log1p(-u) / math.log1p(-1.0 / self.gap))
-
-    def _reschedule(self, n: int, cost_s: float | None, call_s: float | None) -> None:
-        if cost_s is not None and call_s is not None:
-            self.check_cost_s = _ema(self.check_cost_s, cost_s)
-            self.call_s = _ema(self.call_s, call_s)
-        every, budget = self.policy.every, self.policy.budget
-        if every is not None:
-            gap = float(every)
-            own = self.graph_time_s()
-            if budget is not None and self.check_cost_s is not None and own:
-                gap = max(gap, self.check_cost_s / (budget * own))
-            self.gap = min(gap, float(MAX_GAP))
-        self.last_check_at = time.monotonic()
-        self._last_end, self._last_n = time.perf_counter(), n
-        self.timed_pending = False
-        self.next_check = n + 1 if n < self.policy.first else self._sampled_next(n)
-        if self.policy.interval_s is not None:
-            _CLOCK.poke()
-
-    def graph_time_s(self) -> float | None:
-        """Estimated seconds of this graph's own time per call: the smaller of the wrapper's time measured on
-        checked calls (an overestimate for tiny graphs: a rare check finds cold caches) and the wall time per call
-        between checks (an overestimate when the program does other work between calls), never below half the
-        gate's measured time per call (``BenchmarkRecord.tilesmith_ms``): a wrapper that skips its work on calls it
-        guesses are unchecked must not shrink its own estimate and so make checks rarer."""
-        known = [t for t in (self.call_s, self.spacing_s) if t]
-        return max(min(known), 0.5 * self.gate_call_s) if known else None
-
-    def _note_spacing(self, n: int, started: float) -> None:
-        between = n - self._last_n - 1  # unchecked calls since the previous check ended
-        if between >= 8:
-            self.spacing_s = _ema(self.spacing_s, (started - self._last_end) / between)
 
     # -- the checked call ---------------------------------------------------------------------------------
     def checked_call(self, args: list[Any]) -> Any:
@@ -539,71 +490,3 @@ class Verifier:
         except Exception:  # noqa: BLE001
             log.exception("tilesmith: uninstalling graph %s failed", self.label)
         return result
-
-
-def _ema(old: float | None, new: float) -> float:
-    return new if old is None else (1 - _EMA) * old + _EMA * new
-
-
-# -- the clock: arms the timed check --------------------------------------------------------------------------
-class _Clock:
-    """One daemon thread (``tilesmith-verify-clock``) that makes the next call of a graph a checked one when
-    ``interval`` seconds passed since its last check. It sleeps until the earliest such moment; a graph that is
-    not called then keeps its check pending (the clock does not wake for it again until that check ran)."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._states: weakref.WeakSet[Verifier] = weakref.WeakSet()
-        self._thread: threading.Thread | None = None
-
-    def ensure_started(self) -> int | None:
-        """Start the thread if needed; return its native id."""
-        with self._cond:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._loop, name="tilesmith-verify-clock", daemon=True)
-                self._thread.start()
-            thread = self._thread
-        for _ in range(1000):  # native_id is set once the thread runs
-            if thread.native_id is not None:
-                break
-            time.sleep(0.001)
-        return thread.native_id
-
-    def add(self, state: Verifier) -> None:
-        with self._cond:
-            self._states.add(state)
-            self._cond.notify()
-
-    def poke(self) -> None:
-        """Wake the thread to recompute its sleep (after a check); restart it in a forked child."""
-        with self._cond:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="tilesmith-verify-clock", daemon=True)
-                self._thread.start()
-            self._cond.notify()
-
-    def _loop(self) -> None:
-        while True:
-            with self._cond:
-                now = time.monotonic()
-                wait: float | None = None
-                for state in list(self._states):
-                    interval = state.policy.interval_s
-                    if state.failed or interval is None or state.timed_pending:
-                        continue
-                    due = state.last_check_at + interval
-                    if due <= now:
-                        state.timed_pending = True
-                        state.next_check = min(state.next_check, state.calls + 1)
-                    else:
-                        wait = due - now if wait is None else min(wait, due - now)
-                self._cond.wait(timeout=wait)
-
-    def after_fork(self) -> None:
-        self._cond = threading.Condition()
-        self._thread = None
-
-
-_CLOCK = _Clock()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_CLOCK.after_fork)
