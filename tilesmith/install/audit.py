@@ -72,14 +72,18 @@ class Watch:
         self.records: list[dict[str, Any]] = []
         self._seen: set[tuple[str, str]] = set()
 
-    def add(self, check: str, event: str, detail: str, frame: Any) -> None:
+    def add(self, check: str, event: str, detail: str, frame: Any, origin: Any = None) -> None:
+        """Record a refusal: ``frame`` the wrapper's frame it is attributed to, ``origin`` the frame that raised the
+        event (named in the message when it is another one: a library, or a finalizer that ran meanwhile)."""
         key = (check, detail)
         if key in self._seen or len(self.records) >= auditrules.MAX_RECORDS:
             return
         self._seen.add(key)
         code = frame.f_code
+        by = origin.f_code if origin is not None and origin is not frame else None
         self.records.append({"check": check, "event": event, "detail": detail[:300], "line": frame.f_lineno,
-                             "function": code.co_name[:80], "file": os.path.basename(code.co_filename)})
+                             "function": code.co_name[:80], "file": os.path.basename(code.co_filename),
+                             "origin": f"{by.co_name} in {_short_file(by.co_filename)}"[:120] if by else None})
 
     def summary(self) -> tuple[str, str] | None:
         """``(check, detail)`` for a failure message: the first record, where it was raised, and how many more."""
@@ -87,9 +91,16 @@ class Watch:
             return None
         first = self.records[0]
         more = len(self.records) - 1
+        origin = f" through {first['origin']}" if first.get("origin") else ""
         return first["check"], (f"{first['detail']} (raised at line {first['line']} of {first['file']}, in "
-                                f"{first['function']}; blocked: PermissionError inside the event"
+                                f"{first['function']}{origin}; blocked: PermissionError inside the event"
                                 + (f"; {more} more refused event(s)" if more else "") + ")")
+
+
+def _short_file(path: str) -> str:
+    """``cpp_builder.py``; ``logging/__init__.py`` for a package's ``__init__``."""
+    name = os.path.basename(path)
+    return f"{os.path.basename(os.path.dirname(path))}/{name}" if name == "__init__.py" else name
 
 
 class _Local(threading.local):
@@ -222,12 +233,22 @@ class ProductionRules(auditrules.Rules):
     def record(self, check: str, event: str, detail: str, frame: Any) -> None:  # pragma: no cover - unused
         raise NotImplementedError("production records go to a Watch (judge_for)")
 
+    def origin(self, frame: Any, where: Any) -> Any:
+        """The frame to name as the event's origin: the innermost library frame between the event and the wrapper's
+        frame (``run_compile_cmd``), else the innermost frame (``logging``'s ``_open``)."""
+        inner, walk = frame, frame
+        while walk is not None and walk is not where:
+            if self.kind(walk.f_code.co_filename) == LIBRARY:
+                return walk
+            walk = walk.f_back
+        return inner
+
     def judge_for(self, watch: Watch, event: str, args: tuple[Any, ...], frame: Any) -> None:
         found = self.decide(event, args, frame)
         if found is None:
             return
         check, detail, where = found
-        watch.add(check, event, detail, where)
+        watch.add(check, event, detail, where, self.origin(frame, where))
         raise PermissionError(self.refusal.format(event=event, check=check))
 
 
