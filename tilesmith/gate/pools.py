@@ -14,9 +14,9 @@ pool that does not exist yet is not created). Honest wrappers end their import w
 so none of their work is left; Inductor's own tasks are never reported, so a user's compilation running at the same
 time in another thread is not blamed.
 
-Not seen: work still queued behind busy threads (``SimpleQueue`` cannot be read without taking it; it is seen once
-it runs, at a later look), work that has finished by the time of the look, a callable of torch's own code chosen to
-block, and executors other than Inductor's (the user's own pools are not reachable without a ``gc`` walk, which the
+Not seen: work still queued behind busy threads (``SimpleQueue`` cannot be read without taking it; a look waits a
+little for queued work to start, :func:`foreign_work`'s ``wait_s``, and later looks see it once it runs), work
+that has finished by the time of the look, a callable of torch's own code chosen to block, and executors other than Inductor's (the user's own pools are not reachable without a ``gc`` walk, which the
 audit hooks refuse to candidate code). Inductor's *process* pool (``process_pool()``, CUDA) runs pickled callables
 in other processes, where no hook or look reaches (docs/verification.md, "What it cannot catch").
 
@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import time
 from typing import Any
 
 _THREAD_PY = os.path.join("concurrent", "futures", "thread.py")
@@ -78,12 +79,21 @@ def _work_item(frame: Any) -> Any:
     return None
 
 
-def foreign_work(pool: Any = None) -> dict[int, str]:
+def foreign_work(pool: Any = None, wait_s: float = 0.0) -> dict[int, str]:
     """``{id(work item): "time.sleep (builtin)"}`` for every work item running in Inductor's compile pool (or
-    ``pool``) whose callable is not torch's code. Empty when the pool does not exist."""
+    ``pool``) whose callable is not torch's code. Empty when the pool does not exist.
+
+    ``wait_s``: when work is queued, wait up to this many seconds for the queue to empty before looking (a task
+    submitted just before the look has not started yet; honest wrappers leave the queue empty, so they never wait)."""
     pool = inductor_pool() if pool is None else pool
     if pool is None:
         return {}
+    queue = getattr(pool, "_work_queue", None)
+    if wait_s > 0 and queue is not None and queue.qsize():
+        deadline = time.monotonic() + wait_s
+        while queue.qsize() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        time.sleep(0.001)  # a worker that just took an item enters its run() before it gives up the GIL
     threads = list(getattr(pool, "_threads", ()) or ())
     if not threads:
         return {}

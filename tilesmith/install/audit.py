@@ -61,6 +61,11 @@ _MAX_CREATED = 100_000
 still allowed but not remembered."""
 
 
+POOL_WAIT_S = 0.05
+"""Longest wait (s) for work queued in Inductor's compile pool to start before a look
+(:func:`tilesmith.gate.pools.foreign_work`)."""
+
+
 class Watch:
     """One installed wrapper's audit state: what its code was refused (``records``: dicts with ``check``,
     ``event``, ``detail``, ``line``, ``function``, ``file``). ``label``: the graph's label, for messages."""
@@ -343,7 +348,7 @@ def pool_baseline() -> frozenset[int]:
 def pool_problem(base: frozenset[int], when: str) -> tuple[str, str] | None:
     """``("compile_pool", ...)`` when work that is not Inductor's runs in Inductor's compile pool and did not run
     there at install (``base``)."""
-    work = {k: v for k, v in pools.foreign_work().items() if k not in base}
+    work = {k: v for k, v in pools.foreign_work(wait_s=POOL_WAIT_S).items() if k not in base}
     if not work:
         return None
     return "compile_pool", (f"{len(work)} task(s) that are not Inductor's run in Inductor's compile thread pool "

@@ -319,7 +319,7 @@ class Worker:
             "state_changes": changes,
             "identity_changes": identity,
             "threads_new": [f"{t.name} (daemon={t.daemon})" for t in now_threads],
-            "pool_work": [v for k, v in pools.foreign_work().items() if k not in self.base_pool],
+            "pool_work": [v for k, v in pools.foreign_work(wait_s=0.05).items() if k not in self.base_pool],
         }
 
     # -- inputs --------------------------------------------------------------------------------------
