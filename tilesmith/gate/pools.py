@@ -16,8 +16,9 @@ time in another thread is not blamed.
 
 Not seen: work still queued behind busy threads (``SimpleQueue`` cannot be read without taking it; a look waits a
 little for queued work to start, :func:`foreign_work`'s ``wait_s``, and later looks see it once it runs), work
-that has finished by the time of the look, a callable of torch's own code chosen to block, and executors other than Inductor's (the user's own pools are not reachable without a ``gc`` walk, which the
-audit hooks refuse to candidate code). Inductor's *process* pool (``process_pool()``, CUDA) runs pickled callables
+that has finished by the time of the look, a callable of torch's own code chosen to block, and executors other
+than Inductor's (the user's own pools are not reachable without a ``gc`` walk, which the audit hooks refuse to
+candidate code). Inductor's *process* pool (``process_pool()``, CUDA) runs pickled callables
 in other processes, where no hook or look reaches (docs/verification.md, "What it cannot catch").
 
 Used by the gate worker after every request (``pool_work`` facts) and by production verification after the
