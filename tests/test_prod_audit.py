@@ -332,3 +332,20 @@ def test_sniffing_candidate_passes_the_gate_and_is_caught_at_its_first_productio
     assert not marker.exists()
     message = _failure(compiled).message
     assert "call 1 since install" in message and "subprocess.Popen of 'sh'" in message, message
+
+
+@pytest.mark.parametrize("threads", [1, 2], ids=["in-the-importing-thread", "in-inductors-pool"])
+def test_honest_wrapper_compiling_a_new_cpp_kernel_at_import_is_not_refused(stand_in_gate, monkeypatch, threads):
+    """Compilers, lock files and new files in Inductor's cache are what an honest import does; with one compile
+    thread they happen on the armed thread itself."""
+    import uuid
+
+    from torch._inductor import config
+
+    with config.patch(compile_threads=threads):
+        compiled = _compile(vs.fresh_cpp_kernel(uuid.uuid4().hex), "first=4,every=off,interval=off", monkeypatch)
+        errors = _drive(compiled, 1 + 4)
+    v = verify.verifier_of(_handle(compiled))
+    assert max(errors) < 1e-5
+    assert v is not None and not v.failed and v.checks == 4, tilesmith.diagnostics(compiled)
+    assert v.watch is not None and v.watch.records == []

@@ -318,3 +318,15 @@ def pool_task(seconds: float, at_import: bool = False):
     code = ("import time as _t\nfrom torch._inductor.async_compile import AsyncCompile as _AC\n"
             f"_AC.pool().submit(_t.sleep, {seconds})\n")
     return outside_gate_at_import(code) if at_import else outside_gate(code, 1)
+
+
+def fresh_cpp_kernel(tag: str):
+    """Honest, and its C++ kernels are new to Inductor's cache (a comment ``tag`` in each kernel's source): importing
+    it compiles them (``g++``, lock files, new files in the cache), as an optimized wrapper's import does."""
+    anchor = "#include <torch/csrc/inductor/cpp_prefix.h>\n"
+
+    def edit(text: str) -> str:
+        assert anchor in text, "no C++ kernel in the wrapper"
+        return honest()(text.replace(anchor, anchor + f"// {tag}\n"))
+
+    return edit
