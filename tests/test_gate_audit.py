@@ -254,3 +254,14 @@ def test_candidate_exception_text_is_marked_escaped_and_truncated(ln_gate):
     assert "⟦candidate, " in reason and "chars, first 400: boom\\x1b[2J\\nZZ" in reason  # message: escaped, cut
     assert "\x1b" not in reason and "\n" not in reason
     assert len(reason) < 2000  # 5000 characters raised; type, message and traceback tail are each bounded
+
+
+def test_work_left_in_inductors_compile_pool_is_a_global_state_failure():
+    """The worker reports work that is not Inductor's in Inductor's compile pool (``pool_work``,
+    tilesmith/gate/pools.py); the host names it, quoted, and ranks it with the global-state failures."""
+    from tilesmith.gate.host.answers import global_failures
+    from tilesmith.gate.host.phase import status_for
+
+    fails = global_failures({"pool_work": ["time.sleep (builtin)\x1b[2J"]}, "importing the candidate")
+    assert [f.check for f in fails] == ["compile_pool"] and status_for(fails) == "rejected_global_state"
+    assert "time.sleep" in fails[0].message and "\x1b" not in fails[0].message

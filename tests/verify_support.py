@@ -254,3 +254,79 @@ def restore_process_state():
             torch.set_flush_denormal(False)
 
     return manager()
+
+
+# -- production audit (tests/test_prod_audit.py): wrappers that act only outside the gate -----------------------
+#: How the 2026-12-05 red team told the gate from the user's process: the candidate's ``__file__`` (and the gate
+#: worker's working directory) contain ``tilesmith-gate-``; reading it raises no audit event, and the static scan
+#: does not refuse ``__file__``.
+SNIFF = "import os as _os\n_IN_GATE = 'tilesmith-gate-' in __file__\n_n = [0]\n"
+
+
+def outside_gate(code: str, at_call: int = 1, *, after: bool = False, swallow: bool = False):
+    """Honest results; on call ``at_call`` after import, and only outside the gate, it runs ``code`` (before
+    Inductor's call, or after it with ``after``; inside ``try/except Exception: pass`` with ``swallow``)."""
+    action = textwrap.dedent(code).strip("\n")
+    if swallow:
+        action = "try:\n" + textwrap.indent(action, "    ") + "\nexcept Exception:\n    pass"
+    guarded = f"if not _IN_GATE and _n[0] == {at_call}:\n" + textwrap.indent(action, "    ")
+    body = "_n[0] += 1\n" + ("out = _inner(args)\n" + guarded + "\nreturn out" if after else
+                             guarded + "\nreturn _inner(args)")
+    return rebind_call(body, prelude=SNIFF)
+
+
+def outside_gate_at_import(code: str):
+    """Honest results; ``code`` runs at import, only outside the gate."""
+    return rebind_call("return _inner(args)", prelude=SNIFF + "if not _IN_GATE:\n" +
+                       textwrap.indent(textwrap.dedent(code).strip("\n"), "    ") + "\n")
+
+
+def compile_cmd(marker: str) -> str:
+    """The red team's A7: a shell command through Inductor's own compiler runner (``sh`` is not a compiler)."""
+    return (f"from torch._inductor.cpp_builder import run_compile_cmd\n"
+            f"run_compile_cmd(\"sh -c 'touch {marker}'\", None)\n")
+
+
+def file_handler(path: str) -> str:
+    """The red team's A7: a file written through ``logging.FileHandler`` (opened at construction)."""
+    return (f"import logging as _lg\n_h = _lg.FileHandler({path!r})\n"
+            f"_h.emit(_lg.makeLogRecord({{'msg': 'x'}}))\n")
+
+
+def keep_input_slices(mib: int):
+    """Results always right; every call keeps a fresh ``mib`` MiB buffer and a slice of its first input alive (the
+    red team's A1 keeps ``x[:16].clone()``, larger inputs)."""
+    return rebind_call(f"""
+        _keep.append((args[0][:16].clone(), torch.empty({mib} << 18).fill_(1.0)))
+        return _inner(args)
+        """, prelude="_keep = []\n")
+
+
+def allocates_at_first_calls(calls: int, mib: int):
+    """Honest, like a CUDA-graph wrapper: its first ``calls`` calls each keep one ``mib`` MiB static buffer (its
+    pool growing during the first captures), later calls keep nothing."""
+    return rebind_call(f"""
+        if len(_static) < {calls}:
+            _static.append(torch.empty({mib} << 18).fill_(0.0))
+        return _inner(args)
+        """, prelude="_static = []\n")
+
+
+def pool_task(seconds: float, at_import: bool = False):
+    """Results always right; submits ``time.sleep(seconds)`` to Inductor's compile thread pool, at import or on its
+    first call after import, only outside the gate (the red team's A8b used a never-ending task)."""
+    code = ("import time as _t\nfrom torch._inductor.async_compile import AsyncCompile as _AC\n"
+            f"_AC.pool().submit(_t.sleep, {seconds})\n")
+    return outside_gate_at_import(code) if at_import else outside_gate(code, 1)
+
+
+def fresh_cpp_kernel(tag: str):
+    """Honest, and its C++ kernels are new to Inductor's cache (a comment ``tag`` in each kernel's source): importing
+    it compiles them (``g++``, lock files, new files in the cache), as an optimized wrapper's import does."""
+    anchor = "#include <torch/csrc/inductor/cpp_prefix.h>\n"
+
+    def edit(text: str) -> str:
+        assert anchor in text, "no C++ kernel in the wrapper"
+        return honest()(text.replace(anchor, anchor + f"// {tag}\n"))
+
+    return edit

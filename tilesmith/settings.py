@@ -140,7 +140,10 @@ class VerifyPolicy:
     ``interval_s``: the first call after this many seconds without a check is checked (``None`` = never).
     ``threads``: the OS thread census of the user's process is part of every check. ``state``: the gate's
     side-effect snapshot (attribute identities, ``torch.backends`` values, the denormal probe) is re-checked on
-    every check (:class:`tilesmith.gate.sidefx.ProductionSnapshot`).
+    every check (:class:`tilesmith.gate.sidefx.ProductionSnapshot`). ``audit``: the gate worker's audit rules apply
+    to the installed wrapper's import and every call, and its work left in Inductor's compile pool is looked for
+    (:mod:`tilesmith.install.audit`, :mod:`tilesmith.gate.pools`). ``memory``: the bytes a wrapper keeps across
+    checked calls are judged (:mod:`tilesmith.install.leaks`).
     """
 
     first: int = 8
@@ -149,12 +152,15 @@ class VerifyPolicy:
     interval_s: float | None = 60.0
     threads: bool = True
     state: bool = True
+    audit: bool = True
+    memory: bool = True
 
 
-VERIFY_DEFAULT = "first=8,every=100,budget=0.01,interval=60,threads=on,state=on"
+VERIFY_DEFAULT = "first=8,every=100,budget=0.01,interval=60,threads=on,state=on,audit=on,memory=on"
 _VERIFY_FORMS = ("'off'; 'on' (the defaults, " + VERIFY_DEFAULT + "); or comma-separated fields, each optional: "
                  "first=<calls, integer >= 0>, every=<calls, integer >= 1, or off>, budget=<fraction in (0, 1), "
-                 "or off>, interval=<seconds > 0, or off>, threads=<on|off>, state=<on|off>; e.g. 'first=8,every=1000,interval=30'")
+                 "or off>, interval=<seconds > 0, or off>, threads=<on|off>, state=<on|off>, audit=<on|off>, memory=<on|off>; "
+                 "e.g. 'first=8,every=1000,interval=30'")
 
 
 def _verify(text: str) -> VerifyPolicy | None:
@@ -185,7 +191,7 @@ def _verify(text: str) -> VerifyPolicy | None:
             elif name == "interval":
                 fields["interval_s"] = None if off else float(raw)
                 ok = off or (math.isfinite(fields["interval_s"]) and fields["interval_s"] > 0)
-            elif name in ("threads", "state"):
+            elif name in ("threads", "state", "audit", "memory"):
                 fields[name], ok = _bool(raw), True
             else:
                 raise ValueError(f"unknown field {name!r}")
@@ -317,9 +323,11 @@ _SETTINGS = (
     Setting("TILESMITH_VERIFY", "on", _verify,
             "Production verification of installed wrappers in the user's process (docs/verification.md): a "
             "checked call also runs the original Inductor wrapper on copies of its inputs and compares outputs "
-            "with the gate's tolerances, RNG use, the process's OS threads and global state; on a mismatch the graph is "
-            "uninstalled (that call returns the original's outputs) and its artifact quarantined. 'off', 'on' "
-            f"({VERIFY_DEFAULT}) or fields first=, every=, budget=, interval= (seconds), threads=, state=."),
+            "with the gate's tolerances, RNG use, the process's OS threads and global state, and the bytes the "
+            "wrapper keeps; the gate's audit rules apply to the wrapper's import and every call; on a mismatch or "
+            "a refused event the graph is uninstalled (that call returns the original's outputs) and its artifact "
+            "quarantined. 'off', 'on' "
+            f"({VERIFY_DEFAULT}) or fields first=, every=, budget=, interval= (seconds), threads=, state=, audit=, memory=."),
     Setting("TILESMITH_GATE_RUN_TIMEOUT_S", "120", _positive_float,
             "Seconds one gate check or timing request may take once the candidate is loaded (extended "
             "automatically for graphs whose original call is slow); past it the worker is killed and the "

@@ -15,7 +15,7 @@ from tilesmith import settings
 from tilesmith.cache.artifact import Artifact, environment_snapshot, reports_from_track
 from tilesmith.cache.store import ArtifactStore
 from tilesmith.context import RunContext
-from tilesmith.install import verify
+from tilesmith.install import audit, verify
 from tilesmith.install.loader import entry_point, load_wrapper, swap
 from tilesmith.records import BenchmarkRecord, Candidate, GraphState, Verdict
 from tilesmith.track.run import Track
@@ -77,9 +77,13 @@ def reuse_in_run(run: RunContext, first: Any, handle: Any) -> None:
         run.diagnose("duplicate_graph", f"{twin}, {why}", handle.key, handle.graph.name)
         return
     try:
-        prep = verify.prepare(source)
-        module = load_wrapper(source, handle.constants)
-        fn = entry_point(module, handle.graph.inputs_to_check, handle.graph.mutated_input_idxs)
+        prep = verify.prepare(source, handle.label)
+        with audit.importing(prep):
+            module = load_wrapper(source, handle.constants)
+            fn = entry_point(module, handle.graph.inputs_to_check, handle.graph.mutated_input_idxs)
+        found = audit.import_findings(prep, module)
+        if found is not None:
+            raise PermissionError(f"its import did what the gate's rules refuse ({found[0]}: {found[1]})")
         first_verifier = verify.verifier_of(first)
         swap(handle.compiled, verify.guard(run, handle, getattr(first_verifier, "track", None), fn, module, source,
                                            prep))

@@ -17,7 +17,7 @@ from typing import Any
 from tilesmith.cache.reuse import forward_cache_problems
 from tilesmith.context import RunContext
 from tilesmith.gate.window import StateWindow
-from tilesmith.install import verify
+from tilesmith.install import audit, verify
 from tilesmith.install.loader import entry_point, load_wrapper, swap
 from tilesmith.records import BenchmarkRecord, Candidate, GraphState, Timing, Verdict
 from tilesmith.track.run import Track
@@ -29,14 +29,20 @@ def install(run: RunContext, handle: Any, track: Track, candidate: Candidate, ve
             loops: int) -> BenchmarkRecord | None:
     """Load ``candidate`` in the user's process, swap it in (shadow-checked, :mod:`tilesmith.install.verify`)
     and record its benchmark."""
+    prep = module = None
     try:
-        prep = verify.prepare(candidate.source)  # thread and side-effect baselines before the candidate's import
+        prep = verify.prepare(candidate.source, track.label)  # baselines before the candidate's import
         window = StateWindow(str(handle.graph.device)) if prep is not None and prep.snapshot is not None else None
-        module = load_wrapper(candidate.source, handle.constants)
-        fn = entry_point(module, handle.graph.inputs_to_check, handle.graph.mutated_input_idxs)
+        with audit.importing(prep):  # the gate worker's audit rules, on this thread, while the wrapper imports
+            module = load_wrapper(candidate.source, handle.constants)
+            fn = entry_point(module, handle.graph.inputs_to_check, handle.graph.mutated_input_idxs)
     except Exception as exc:  # noqa: BLE001
+        if refuse_import(run, handle, track, candidate.source, prep, module):
+            return None
         keep_inductor(run, track, "install_failed", f"graph {track.label}: the accepted candidate failed to load "
                       f"in the host ({type(exc).__name__}: {exc}); the graph stays on Inductor.")
+        return None
+    if refuse_import(run, handle, track, candidate.source, prep, module):
         return None
     changed = window.changes() if window is not None else []
     if changed:  # nothing but the import ran since the window opened: the candidate's doing
@@ -111,6 +117,22 @@ def benchmark_record(run: RunContext, handle: Any, track: Track, verdict: Verdic
         speedup_ci=(float(ci[0]), float(ci[1])), source=source, loops_accepted=loops,
         track_dir=str(track.folder), roofline_floor_ms=floor.floor_ms if floor else None, roofline=floor,
         method=timing.method)
+
+
+def refuse_import(run: RunContext, handle: Any, track: Track, source: str, prep: Any, module: Any) -> bool:
+    """True (and the graph kept on Inductor, its artifact quarantined) when the wrapper's import in the user's
+    process raised an event the audit refused, or left work of its own in Inductor's compile pool
+    (:func:`tilesmith.install.audit.import_findings`)."""
+    found = audit.import_findings(prep, module)
+    if found is None:
+        return False
+    check, detail = found
+    where = verify.quarantine(run, track.key, source, handle.graph.name, f"import in the user's process: {check}: "
+                              f"{detail}")
+    keep_inductor(run, track, "verification_failed", f"graph {track.label}: importing the accepted wrapper in your "
+                  f"process did what the gate's rules refuse ({check}: {detail}). The graph stays on Inductor. "
+                  f"{where} (TILESMITH_VERIFY=...,audit=off turns this check off.)")
+    return True
 
 
 def keep_inductor(run: RunContext, track: Track, kind: str, message: str) -> None:

@@ -1,9 +1,11 @@
 """Production verification: installed wrappers are shadow-checked in the user's process (issue 15, item 4).
 
 :func:`guard` wraps the boxed callable that :func:`tilesmith.install.installer.install` swaps in. An unchecked call costs a
-counter increment and one comparison. A *checked* call (the first ``first`` calls after install, then each call
-with probability ``1/every`` — raised so that checks cost about ``budget`` of the graph's own time — and the first
-call after ``interval`` seconds without a check; ``TILESMITH_VERIFY``, :class:`tilesmith.settings.VerifyPolicy`):
+counter increment and one comparison, and (``audit=on``) arms the calling thread for the production audit hook
+(:mod:`tilesmith.install.audit`: the gate worker's audit rules; a thread-local read, two stores and a slot read). A
+*checked* call (the first ``first`` calls after install, then each call with probability ``1/every`` — raised so that
+checks cost about ``budget`` of the graph's own time — and the first call after ``interval`` seconds without a check;
+``TILESMITH_VERIFY``, :class:`tilesmith.settings.VerifyPolicy`):
 
 1. takes copies of the call's inputs (before the installed wrapper runs: Inductor's ``call`` clears its argument
    list and deletes inputs it no longer needs) and the CPU and device RNG states;
@@ -18,7 +20,10 @@ call after ``interval`` seconds without a check; ``TILESMITH_VERIFY``, :class:`t
    (:class:`tilesmith.gate.sidefx.ProductionSnapshot`: attribute identities of the namespaces the wrapper names,
    ``torch.backends.*`` values, the denormal probe). An elementwise value failure is judged once more against the original's
    own rounding sensitivity on these inputs (the gate's high-magnitude rule), since real activations can be
-   larger than the gate's normal inputs; graphs that write inputs are judged elementwise only.
+   larger than the gate's normal inputs; graphs that write inputs are judged elementwise only;
+5. and, first of all, whether the audit hook refused an event of the wrapper's during its run; last, work of its own
+   left in Inductor's compile pool (:mod:`tilesmith.gate.pools`) and the bytes it keeps across checked calls
+   (:mod:`tilesmith.install.leaks`, ``memory_leak``).
 
 On a mismatch (or an exception from the installed wrapper) the graph is uninstalled at once: the call returns the
 original's outputs (aliases of inputs mapped back to the caller's tensors, inputs restored, RNG states set as the
@@ -28,18 +33,19 @@ the graph, the call number and what differed. Nothing raises into the user's cal
 itself serves the original's outputs too and uninstalls the graph without quarantine (``verification_error``:
 unjudged outputs are never returned); a check that cannot run (CUDA-graph capture in progress, too little free device memory for the copies) is skipped with one
 ``verification_skipped`` diagnostic per reason. An exception from the wrapper on an *unchecked* call still
-uninstalls and quarantines it, but is re-raised: its inputs are consumed and no copy exists.
+uninstalls and quarantines it, but is re-raised: its inputs are consumed and no copy exists. An event the audit
+refused on an unchecked call uninstalls and quarantines it too; the original serves the call when the argument list
+is intact, else the exception (usually the refusal's ``PermissionError``) is re-raised, or, when the wrapper caught
+it and returned, its outputs are returned (unjudged, as on any unchecked call; the side effect did not happen).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import random
 import threading
 import time
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +69,9 @@ from tilesmith.install.shadow import (
     tf32_in_effect,
     to_caller,
 )
+from tilesmith.install import audit
+from tilesmith.install.leaks import LeakWatch
+from tilesmith.install.schedule import CLOCK, Schedule
 from tilesmith.install.threads import ThreadCensus, warm_intra_op_pool
 from tilesmith.records import GraphState
 from tilesmith.settings import VerifyPolicy
@@ -70,27 +79,24 @@ from tilesmith.track.snapshot import copy_input
 
 log = logging.getLogger("tilesmith")
 
-MAX_GAP = 10_000_000
-"""Upper bound of the mean gap between sampled checks (calls), whatever the budget computes."""
-_NEVER = 1 << 62
-_EMA = 0.3
-"""Weight of the newest check in the running estimates of check cost and call time."""
-
 
 @dataclass(frozen=True)
 class Preparation:
-    """What :func:`prepare` recorded just before the candidate's import: the policy, the thread baseline and the
-    side-effect baseline."""
+    """What :func:`prepare` recorded just before the candidate's import: the policy, the thread baseline, the
+    side-effect baseline, the wrapper's audit :class:`~tilesmith.install.audit.Watch` (``None``: ``audit=off``) and
+    the ids of foreign work already running in Inductor's compile pool (:func:`tilesmith.gate.pools.foreign_work`)."""
 
     policy: VerifyPolicy
     census: ThreadCensus | None
     snapshot: ProductionSnapshot | None = None
+    watch: audit.Watch | None = None
+    pool_base: frozenset[int] = frozenset()
 
 
-def prepare(source: str | None = None) -> Preparation | None:
+def prepare(source: str | None = None, label: str = "") -> Preparation | None:
     """Read ``TILESMITH_VERIFY`` and take the thread and side-effect baselines; call it *before* importing the
-    candidate. ``source``: the wrapper about to be imported (the side-effect baseline watches the namespaces it
-    names; ``None``: no side-effect check).
+    candidate (inside :func:`importing`). ``source``: the wrapper about to be imported (the side-effect baseline
+    watches the namespaces it names; ``None``: no side-effect check); ``label``: the graph's label, for messages.
 
     Returns ``None`` when verification is off (``TILESMITH_VERIFY=off``) or the policy checks nothing. Starts
     the verification clock thread first (so it is part of the baseline) and brings the intra-op pool to full size.
@@ -101,7 +107,7 @@ def prepare(source: str | None = None) -> Preparation | None:
     policy = settings.get("TILESMITH_VERIFY")
     if policy is None or (policy.first == 0 and policy.every is None and policy.interval_s is None):
         return None
-    own = _CLOCK.ensure_started() if policy.interval_s is not None else None
+    own = CLOCK.ensure_started() if policy.interval_s is not None else None
     census = None
     if policy.threads:
         warm_intra_op_pool()
@@ -110,7 +116,11 @@ def prepare(source: str | None = None) -> Preparation | None:
     if policy.state and source is not None:
         snapshot = ProductionSnapshot()
         snapshot.baseline(torchstate.wrapper_namespaces(source))
-    return Preparation(policy, census, snapshot)
+    watch = pool_base = None
+    if policy.audit:
+        audit.ensure_hook()
+        watch, pool_base = audit.Watch(label), audit.pool_baseline()
+    return Preparation(policy, census, snapshot, watch, pool_base or frozenset())
 
 
 def guard(run: RunContext, handle: Any, track: Any, fn: Any, module: Any, source: str,
@@ -126,22 +136,43 @@ def guard(run: RunContext, handle: Any, track: Any, fn: Any, module: Any, source
         return fn
     verifier = Verifier(run, handle, track, fn, module, source, prep)
     state = verifier
+    if prep.watch is None:
+        def verified_call(args: list[Any]) -> Any:
+            state.calls += 1
+            if state.calls < state.next_check:
+                try:  # free unless it raises (zero-cost exception handling, Python >= 3.11)
+                    return fn(args)
+                except Exception as exc:
+                    if not state.unchecked_failure(exc, args):
+                        raise
+                    return state.original(args)
+            return state.checked_call(args)
+    else:
+        local, watch = audit.LOCAL, prep.watch
 
-    def verified_call(args: list[Any]) -> Any:
-        state.calls += 1
-        if state.calls < state.next_check:
-            try:  # free unless it raises (zero-cost exception handling, Python >= 3.11)
-                return fn(args)
-            except Exception as exc:
-                if not state.unchecked_failure(exc, args):
-                    raise
-                return state.original(args)
-        return state.checked_call(args)
+        def verified_call(args: list[Any]) -> Any:
+            state.calls += 1
+            if state.calls < state.next_check:
+                previous = local.watch
+                local.watch = watch  # the audit hook judges this thread's events while the wrapper runs
+                try:
+                    out = fn(args)
+                except Exception as exc:
+                    local.watch = previous
+                    if not state.unchecked_failure(exc, args):
+                        raise
+                    return state.original(args)
+                finally:
+                    local.watch = previous
+                if watch.records:
+                    return state.unchecked_refused(out, args)
+                return out
+            return state.checked_call(args)
 
     verified_call._boxed_call = True  # type: ignore[attr-defined]
     verified_call._tilesmith_verifier = verifier  # type: ignore[attr-defined]
     if prep.policy.interval_s is not None:
-        _CLOCK.add(verifier)
+        CLOCK.add(verifier)
     return verified_call
 
 
@@ -153,6 +184,17 @@ def verifier_of(handle: Any) -> Verifier | None:
 def verifier_of_callable(fn: Any) -> Verifier | None:
     """The :class:`Verifier` behind a callable :func:`guard` returned (``None`` for any other callable)."""
     return getattr(fn, "_tilesmith_verifier", None)
+
+
+_REMEDY = {
+    "thread_count": " If these threads are your program's own, set TILESMITH_VERIFY=threads=off "
+                    "(docs/verification.md).",
+    "audit": " If the refused event was your program's own (a finalizer or signal handler that ran during the "
+             "wrapper's call), set TILESMITH_VERIFY=...,audit=off (docs/verification.md).",
+    "compile_pool": " (TILESMITH_VERIFY=...,audit=off turns this check off.)",
+    "memory_leak": " If your own threads allocate heavily while compiled code runs, set TILESMITH_VERIFY=...,"
+                   "memory=off (docs/verification.md).",
+}
 
 
 def _copy(value: Any) -> Any:
@@ -178,7 +220,7 @@ class _Shadow:
         self.window: StateWindow | None = None
 
 
-class Verifier:
+class Verifier(Schedule):
     """Counters, schedule and checks of one installed graph (lives in the user's process).
 
     Read-only for callers: ``calls`` (calls since install), ``checks`` (passed checks), ``skipped``,
@@ -196,6 +238,8 @@ class Verifier:
         self.device = torch.device(handle.graph.device)
         self.tf32 = tf32_in_effect(self.device, source)
         self.module = module
+        self.watch, self.pool_base = prep.watch, prep.pool_base
+        self.leaks = LeakWatch(self.device) if self.policy.memory else None
         file = getattr(module, "__file__", None)
         self.wrapper_files = (file,) if file else ()
         record = getattr(handle, "record", None)
@@ -216,55 +260,13 @@ class Verifier:
         self._rng = random.Random(int.from_bytes(os.urandom(8), "little"))
         self.next_check = 1 if self.policy.first > 0 else self._sampled_next(0)
 
-    # -- schedule -----------------------------------------------------------------------------------------
-    def _sampled_next(self, n: int) -> int:
-        """Call number of the next sampled check after call ``n``: a geometric gap of mean ``self.gap``."""
-        if self.policy.every is None:
-            return _NEVER
-        if self.gap <= 1:
-            return n + 1
-        u = self._rng.random()
-        return n + 1 + int(math.log1p(-u) / math.log1p(-1.0 / self.gap))
-
-    def _reschedule(self, n: int, cost_s: float | None, call_s: float | None) -> None:
-        if cost_s is not None and call_s is not None:
-            self.check_cost_s = _ema(self.check_cost_s, cost_s)
-            self.call_s = _ema(self.call_s, call_s)
-        every, budget = self.policy.every, self.policy.budget
-        if every is not None:
-            gap = float(every)
-            own = self.graph_time_s()
-            if budget is not None and self.check_cost_s is not None and own:
-                gap = max(gap, self.check_cost_s / (budget * own))
-            self.gap = min(gap, float(MAX_GAP))
-        self.last_check_at = time.monotonic()
-        self._last_end, self._last_n = time.perf_counter(), n
-        self.timed_pending = False
-        self.next_check = n + 1 if n < self.policy.first else self._sampled_next(n)
-        if self.policy.interval_s is not None:
-            _CLOCK.poke()
-
-    def graph_time_s(self) -> float | None:
-        """Estimated seconds of this graph's own time per call: the smaller of the wrapper's time measured on
-        checked calls (an overestimate for tiny graphs: a rare check finds cold caches) and the wall time per call
-        between checks (an overestimate when the program does other work between calls), never below half the
-        gate's measured time per call (``BenchmarkRecord.tilesmith_ms``): a wrapper that skips its work on calls it
-        guesses are unchecked must not shrink its own estimate and so make checks rarer."""
-        known = [t for t in (self.call_s, self.spacing_s) if t]
-        return max(min(known), 0.5 * self.gate_call_s) if known else None
-
-    def _note_spacing(self, n: int, started: float) -> None:
-        between = n - self._last_n - 1  # unchecked calls since the previous check ended
-        if between >= 8:
-            self.spacing_s = _ema(self.spacing_s, (started - self._last_end) / between)
-
     # -- the checked call ---------------------------------------------------------------------------------
     def checked_call(self, args: list[Any]) -> Any:
         """Run one call with a shadow check (or route it to the original once uninstalled)."""
         if self.failed:
             return self.original(args)
         if not self._lock.acquire(blocking=False):
-            return self.fn(args)  # another thread is checking this graph right now
+            return self.unchecked(args)  # another thread is checking this graph right now
         try:
             return self._check(args)
         finally:
@@ -272,16 +274,52 @@ class Verifier:
 
     def unchecked_failure(self, exc: Exception, args: list[Any]) -> bool:
         """The installed wrapper raised on an unchecked call: uninstall it (unless out of memory, which the
-        original would likely hit too). True when the call can be served by the original instead (the argument
-        list was not consumed yet); else the caller re-raises."""
-        if is_oom(exc) or self.failed:
+        original would likely hit too; an event the audit refused counts first, the exception is then usually its
+        ``PermissionError``). True when the call can be served by the original instead (the argument list was not
+        consumed yet); else the caller re-raises."""
+        refused = self.watch.summary() if self.watch is not None else None
+        if self.failed or (refused is None and is_oom(exc)):
             return False
-        try:
-            self.uninstall(self.calls, _Problem("crash", f"the installed wrapper raised {type(exc).__name__}: "
-                                                         f"{exc} on an unchecked call"))
-        except Exception:  # noqa: BLE001
-            log.exception("tilesmith: uninstalling graph %s failed", self.label)
+        self._uninstall_logged(self.calls, _Problem(*refused) if refused else _Problem(
+            "crash", f"the installed wrapper raised {type(exc).__name__}: {exc} on an unchecked call"))
         return bool(args)
+
+    def unchecked_refused(self, outputs: Any, args: list[Any]) -> Any:
+        """The audit refused an event of the wrapper's on an unchecked call and the wrapper returned anyway (it
+        caught the ``PermissionError``): uninstall it; the original serves the call if the argument list is intact,
+        else the wrapper's outputs are returned (unjudged, as on any unchecked call; the side effect did not happen)."""
+        if not self.failed:
+            self._uninstall_logged(self.calls, _Problem(*self.watch.summary()))  # type: ignore[union-attr, misc]
+        return self.original(args) if args else outputs
+
+    def unchecked(self, args: list[Any]) -> Any:
+        """An unchecked call outside the verified entry's fast path (a check skipped or running in another thread)."""
+        try:
+            outputs = self._run(args)
+        except Exception as exc:
+            if not self.unchecked_failure(exc, args):
+                raise
+            return self.original(args)
+        if self.watch is not None and self.watch.records:
+            return self.unchecked_refused(outputs, args)
+        return outputs
+
+    def _run(self, args: list[Any]) -> Any:
+        """The installed wrapper on ``args``, with this thread armed for its audit watch."""
+        if self.watch is None:
+            return self.fn(args)
+        previous = audit.LOCAL.watch
+        audit.LOCAL.watch = self.watch
+        try:
+            return self.fn(args)
+        finally:
+            audit.LOCAL.watch = previous
+
+    def _uninstall_logged(self, n: int, problem: _Problem) -> None:
+        try:
+            self.uninstall(n, problem)
+        except Exception:  # noqa: BLE001 - the user's call goes on
+            log.exception("tilesmith: uninstalling graph %s failed", self.label)
 
     def _check(self, args: list[Any]) -> Any:
         n = self.calls
@@ -298,14 +336,18 @@ class Verifier:
                       f"since install: {skip[1]}. The installed wrapper served the call unchecked (reported once "
                       "per reason).", skip[0])
             self._reschedule(n, None, None)
-            return self.fn(args)
+            return self.unchecked(args)
         if self.snapshot is not None:  # the state policy: also what changes while only the wrapper runs
             shadow.window = StateWindow(str(self.device))
+        before = self.leaks.before() if self.leaks is not None else None
         t0 = time.perf_counter()
         try:
-            outputs = self.fn(args)
+            outputs = self._run(args)
             self._sync()
         except Exception as exc:  # noqa: BLE001 - the wrapper's failure, not the user's
+            refused = self.watch.summary() if self.watch is not None else None
+            if refused is not None:
+                return self._fail(n, shadow, None, _Problem(*refused))
             if is_oom(exc):
                 self.skipped += 1
                 self._say("verification_skipped", f"graph {self.label}: the installed wrapper ran out of memory "
@@ -317,6 +359,8 @@ class Verifier:
                                                                  f"{type(exc).__name__}: {exc}"))
         call_s = time.perf_counter() - t0
         try:
+            if self.leaks is not None:
+                self.leaks.after(before, outputs, shadow.real)
             problem = self._judge(n, shadow, outputs)
         except Exception as exc:  # noqa: BLE001 - a bug in the check must not reach the user
             return self._internal(n, shadow, exc)
@@ -362,6 +406,9 @@ class Verifier:
     # -- judging ------------------------------------------------------------------------------------------
     def _judge(self, n: int, shadow: _Shadow, outputs: Any) -> _Problem | None:
         where = f"production call {n} since install"
+        refused = self.watch.summary() if self.watch is not None else None
+        if refused is not None:
+            return _Problem(*refused)  # the wrapper went on after its PermissionError: the event counts first
         with torch.no_grad():
             expected = shadow.outputs
             structure = compare_structure(output_facts(expected, shadow.copies), output_facts(outputs, shadow.real),
@@ -413,7 +460,11 @@ class Verifier:
                                 f"from their state before the wrapper was imported: {'; '.join(changed[:6])}. "
                                 "(If your own code changed them after tilesmith.compile, set them before it or turn "
                                 "this check off with TILESMITH_VERIFY=...,state=off.)")
-        return None
+        found = audit.pool_problem(self.pool_base, f"checked call {n}") if self.watch is not None else None
+        if found is not None:
+            return _Problem(*found)
+        leak = self.leaks.problem(n, outputs, shadow.real) if self.leaks is not None else None
+        return _Problem("memory_leak", leak) if leak else None
 
     def _inputs_problem(self, shadow: _Shadow) -> _Problem | None:
         for j, (r, c) in enumerate(zip(shadow.real, shadow.copies)):
@@ -487,8 +538,7 @@ class Verifier:
             run.benchmarks[:] = [b for b in run.benchmarks if b.graph_key != self.key]
         if quarantine:
             where = self._quarantine(n, problem)
-            remedy = (" If these threads are your program's own, set TILESMITH_VERIFY=threads=off "
-                      "(docs/verification.md)." if problem.check == "thread_count" else "")
+            remedy = _REMEDY.get("audit" if problem.check.startswith("audit_") else problem.check, "")
             kind, head = "verification_failed", f"production verification failed on call {n} since install"
         else:
             kind, head = "verification_error", f"the production check of call {n} since install failed inside Tilesmith"
@@ -503,21 +553,8 @@ class Verifier:
                 "failed_call": n, "check": problem.check, "detail": problem.detail, "checks_passed": self.checks})
 
     def _quarantine(self, n: int, problem: _Problem) -> str:
-        from tilesmith.cache import ArtifactStore
-
-        try:
-            store = ArtifactStore(settings.cache_root())
-            path = store.quarantine(self.key, source=self.source, graph_name=self.graph_name,
-                                    run_id=getattr(self.run, "run_id", None),
-                                    reason=f"production call {n}: {problem.check}: {problem.detail}"[:2000])
-            for diag in store.take_problems():
-                self.run.record_diagnostic(diag)
-        except Exception as exc:  # noqa: BLE001
-            return f"Quarantining artifact {self.key[:12]} failed ({exc}); it may be served again."
-        if path is None:
-            return (f"Artifact {self.key[:12]} is not quarantined: the artifact cache is off "
-                    "(TILESMITH_ARTIFACT_CACHE=0) or could not be written.")
-        return f"Artifact {self.key[:12]} is quarantined ({path}) and will not be served again."
+        return quarantine(self.run, self.key, self.source, self.graph_name,
+                          f"production call {n}: {problem.check}: {problem.detail}")
 
     # -- diagnostics --------------------------------------------------------------------------------------
     def _say(self, kind: str, message: str, reason: str) -> None:
@@ -541,69 +578,20 @@ class Verifier:
         return result
 
 
-def _ema(old: float | None, new: float) -> float:
-    return new if old is None else (1 - _EMA) * old + _EMA * new
+def quarantine(run: RunContext, key: str, source: str, graph_name: str, reason: str) -> str:
+    """Quarantine the artifact of ``key`` with ``source`` in the cache (never served or stored again:
+    :meth:`tilesmith.cache.ArtifactStore.quarantine`); returns the sentence for the diagnostic."""
+    from tilesmith.cache import ArtifactStore
 
-
-# -- the clock: arms the timed check --------------------------------------------------------------------------
-class _Clock:
-    """One daemon thread (``tilesmith-verify-clock``) that makes the next call of a graph a checked one when
-    ``interval`` seconds passed since its last check. It sleeps until the earliest such moment; a graph that is
-    not called then keeps its check pending (the clock does not wake for it again until that check ran)."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._states: weakref.WeakSet[Verifier] = weakref.WeakSet()
-        self._thread: threading.Thread | None = None
-
-    def ensure_started(self) -> int | None:
-        """Start the thread if needed; return its native id."""
-        with self._cond:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._loop, name="tilesmith-verify-clock", daemon=True)
-                self._thread.start()
-            thread = self._thread
-        for _ in range(1000):  # native_id is set once the thread runs
-            if thread.native_id is not None:
-                break
-            time.sleep(0.001)
-        return thread.native_id
-
-    def add(self, state: Verifier) -> None:
-        with self._cond:
-            self._states.add(state)
-            self._cond.notify()
-
-    def poke(self) -> None:
-        """Wake the thread to recompute its sleep (after a check); restart it in a forked child."""
-        with self._cond:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="tilesmith-verify-clock", daemon=True)
-                self._thread.start()
-            self._cond.notify()
-
-    def _loop(self) -> None:
-        while True:
-            with self._cond:
-                now = time.monotonic()
-                wait: float | None = None
-                for state in list(self._states):
-                    interval = state.policy.interval_s
-                    if state.failed or interval is None or state.timed_pending:
-                        continue
-                    due = state.last_check_at + interval
-                    if due <= now:
-                        state.timed_pending = True
-                        state.next_check = min(state.next_check, state.calls + 1)
-                    else:
-                        wait = due - now if wait is None else min(wait, due - now)
-                self._cond.wait(timeout=wait)
-
-    def after_fork(self) -> None:
-        self._cond = threading.Condition()
-        self._thread = None
-
-
-_CLOCK = _Clock()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_CLOCK.after_fork)
+    try:
+        store = ArtifactStore(settings.cache_root())
+        path = store.quarantine(key, source=source, graph_name=graph_name, run_id=getattr(run, "run_id", None),
+                                reason=reason[:2000])
+        for diag in store.take_problems():
+            run.record_diagnostic(diag)
+    except Exception as exc:  # noqa: BLE001
+        return f"Quarantining artifact {key[:12]} failed ({exc}); it may be served again."
+    if path is None:
+        return (f"Artifact {key[:12]} is not quarantined: the artifact cache is off "
+                "(TILESMITH_ARTIFACT_CACHE=0) or could not be written.")
+    return f"Artifact {key[:12]} is quarantined ({path}) and will not be served again."

@@ -3,7 +3,7 @@ state, replaced functions (every worker answer may carry them, whatever the requ
 
 :func:`failures_from_answer` turns the worker audit hook's records (:mod:`tilesmith.gate.worker.audit`) into
 ``audit_*`` failures, :func:`global_failures` the global facts (``threads_new``, ``state_changes``,
-``identity_changes``) and :func:`answer_failures` does both. Worker-reported text is quoted with
+``identity_changes``, ``pool_work``) and :func:`answer_failures` does both. Worker-reported text is quoted with
 :func:`tilesmith.gate.host.process.untrusted_text` before it reaches a message.
 """
 
@@ -94,6 +94,10 @@ def global_failures(facts: dict[str, Any], where: str) -> list[CheckFailure]:
         fails.append(CheckFailure("background_thread",
                                   f"new threads alive after {where}: {', '.join(facts['threads_new'][:4])}. "
                                   f"A wrapper must not start threads."))
+    if facts.get("pool_work"):
+        fails.append(CheckFailure("compile_pool", f"work that is not Inductor's runs in Inductor's compile thread pool "
+                                                  f"after {where}: {untrusted_text(', '.join(facts['pool_work'][:4]), 300)}."
+                                                  f" A wrapper must not submit work to Inductor's (or any) pool."))
     changes = dict(facts.get("state_changes", {}))
     stream = {k: v for k, v in changes.items() if k.startswith(("cuda.current_stream", "cuda.current_device"))}
     imports = {k: v for k, v in changes.items() if k.startswith(("sys.path", "sys.meta_path"))}

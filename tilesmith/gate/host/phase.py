@@ -411,7 +411,8 @@ STATUS_ORDER = (
     ("gate_memory", lambda c: c == "gate_memory"),  # the memory the gate left was not enough
     ("rejected_crash", lambda c: c in {"crash", "protocol", "exception", "oom", "output_too_large"}),
     ("rejected_global_state", lambda c: c in {"background_thread", "global_state", "monkeypatch", "rng_state",
-                                              "stream_state", "os_threads", "memory_growth"}),
+                                              "stream_state", "os_threads", "memory_growth",
+                                              "compile_pool"}),
     ("rejected_incorrect", lambda c: True),
 )
 

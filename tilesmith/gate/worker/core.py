@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from tilesmith.gate import inputs, layout, protocol, sidefx, torchstate
+from tilesmith.gate import inputs, layout, pools, protocol, sidefx, torchstate
 from tilesmith.gate.worker import audit, bindings, imports
 from tilesmith.gate.worker import runtime as worker_runtime
 from tilesmith.gate.worker import timing as worker_timing
@@ -69,6 +69,7 @@ class Worker:
         self.base_state: dict[str, Any] = {}
         self.base_ids: dict[str, Any] = {}
         self.base_threads: set[int] = set()
+        self.base_pool: set[int] = set()
         self.held: dict[str, tuple[Any, list[Any], InputSet]] = {}
         self.live: dict[str, InputSet] = {}
         self.variants: dict[tuple[Any, ...], list[Any]] = {}
@@ -214,6 +215,7 @@ class Worker:
         self.base_state = torchstate.state_snapshot(str(self.device))
         self.base_ids = torchstate.identity_snapshot(self._watched_namespaces())
         self.base_threads = {t.ident for t in T.threads() if t.ident is not None}
+        self.base_pool = set(pools.foreign_work())  # Inductor's compile pool (none at compile_threads=1)
         self.base_signals = _signal_handlers()
         self.base_modules = {n: m for n, m in list(sys.modules.items()) if n.startswith("tilesmith")}
         self.sidefx.baseline(self.watch)
@@ -317,6 +319,7 @@ class Worker:
             "state_changes": changes,
             "identity_changes": identity,
             "threads_new": [f"{t.name} (daemon={t.daemon})" for t in now_threads],
+            "pool_work": [v for k, v in pools.foreign_work(wait_s=0.05).items() if k not in self.base_pool],
         }
 
     # -- inputs --------------------------------------------------------------------------------------

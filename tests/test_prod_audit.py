@@ -1,0 +1,351 @@
+"""The gate worker's audit rules, the compile-pool look and the leak rule in the user's process (CPU test mode).
+
+The red team of 2026-12-05 installed wrappers that behaved under the gate and, in the user's process only, ran
+``sh`` through ``torch._inductor.cpp_builder.run_compile_cmd``, wrote a file through ``logging.FileHandler``, left a
+task in Inductor's compile pool, and kept a slice of every input alive (docs/gate.md, "Threat model"). Most tests
+install through the stand-in gate of tests/verify_support.py (every candidate accepted): the subject is what
+happens after install. One test goes through the real gate, which must not see the sniffing candidate's action.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import threading
+import time
+
+import pytest
+import torch
+
+import tilesmith
+from tests import verify_support as vs
+from tests.models import MulSum, has_mulsum_loop, mm_instead_of_loop
+from tests.scripted import ScriptedFactory, comment
+from tilesmith.install import audit, leaks, verify
+
+
+@pytest.fixture
+def stand_in_gate(cpu_test_mode, monkeypatch):
+    import tilesmith.gate
+
+    monkeypatch.setattr(tilesmith.gate, "Gate", vs.AcceptingGate)
+    return cpu_test_mode
+
+
+def _fn(x, w):
+    return torch.tanh(x @ w) + 1.0
+
+
+def _inputs(seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(32, 64, generator=g), torch.randn(64, 16, generator=g)
+
+
+def _compile(edit, setting, monkeypatch):
+    monkeypatch.setenv("TILESMITH_VERIFY", setting)
+    return tilesmith.compile(_fn, example_inputs=_inputs(0), agent_model=ScriptedFactory(edits=[edit]))
+
+
+def _drive(compiled, calls):
+    """Call ``compiled`` and plain ``_fn`` ``calls`` times on fresh inputs; the max error of every call."""
+    errors = []
+    for i in range(calls):
+        x, w = _inputs(i + 1)
+        errors.append(float((compiled(x, w) - _fn(x, w)).abs().max()))
+    return errors
+
+
+def _handle(compiled):
+    (handle,) = tilesmith.api._run_of(compiled).handles
+    return handle
+
+
+def _failure(compiled):
+    (diag,) = [d for d in tilesmith.diagnostics(compiled) if d.kind == "verification_failed"]
+    return diag
+
+
+def _quarantined(root):
+    from tilesmith.cache import ArtifactStore
+
+    return ArtifactStore(root).quarantined()
+
+
+# -- events refused on production calls --------------------------------------------------------------------------
+def test_shell_command_through_inductors_compiler_runner_is_blocked_and_uninstalls(stand_in_gate, monkeypatch,
+                                                                                  tmp_path):
+    marker = tmp_path / "ran"
+    compiled = _compile(vs.outside_gate(vs.compile_cmd(str(marker))), "first=8,every=off,interval=off", monkeypatch)
+    errors = _drive(compiled, 1 + 3)
+    assert max(errors) < 1e-5, errors  # the caught call returned the original's outputs
+    assert not marker.exists(), "the command ran in the user's process"
+    handle = _handle(compiled)
+    assert handle.state == "uninstalled" and handle.compiled.current_callable is handle.original
+    message = _failure(compiled).message
+    assert handle.key[:8] in message and "call 1 since install" in message
+    assert "audit_process: subprocess.Popen of 'sh'" in message and "quarantined" in message, message
+    assert [r.key for r in _quarantined(stand_in_gate)] == [handle.key]
+
+
+@pytest.mark.parametrize("how", ["file_handler", "open"])
+def test_file_written_on_a_checked_call_is_blocked_and_uninstalls(stand_in_gate, monkeypatch, tmp_path, how):
+    path = tmp_path / "exfil.log"
+    code = vs.file_handler(str(path)) if how == "file_handler" else f"open({str(path)!r}, 'w').write('x')\n"
+    compiled = _compile(vs.outside_gate(code, 2), "first=8,every=off,interval=off", monkeypatch)
+    errors = _drive(compiled, 1 + 4)
+    assert max(errors) < 1e-5 and not path.exists()
+    message = _failure(compiled).message
+    assert "call 2 since install" in message and f"audit_file_write: open for writing '{path}'" in message, message
+
+
+def test_os_system_on_an_unchecked_call_is_blocked_and_the_original_serves_it(stand_in_gate, monkeypatch, tmp_path):
+    marker = tmp_path / "ran"
+    compiled = _compile(vs.outside_gate(f"_os.system('touch {marker}')\n", 3), "first=1,every=off,interval=off",
+                        monkeypatch)
+    errors = _drive(compiled, 1 + 5)
+    handle = _handle(compiled)
+    assert max(errors) < 1e-5 and not marker.exists() and handle.state == "uninstalled"
+    message = _failure(compiled).message
+    assert "call 3 since install" in message and f"audit_process: os.system of 'touch {marker}'" in message, message
+    assert verify.verifier_of(handle) is None
+
+
+def test_a_wrapper_that_swallows_the_refusal_on_an_unchecked_call_is_still_uninstalled(stand_in_gate, monkeypatch,
+                                                                                       tmp_path):
+    marker = tmp_path / "ran"
+    edit = vs.outside_gate(vs.compile_cmd(str(marker)), 2, after=True, swallow=True)
+    compiled = _compile(edit, "first=1,every=off,interval=off", monkeypatch)
+    errors = _drive(compiled, 1 + 4)
+    assert max(errors) < 1e-5 and not marker.exists()
+    assert "call 2 since install" in _failure(compiled).message and _handle(compiled).state == "uninstalled"
+
+
+def test_refused_event_at_import_keeps_inductor_and_quarantines(stand_in_gate, monkeypatch, tmp_path):
+    marker = tmp_path / "ran"
+    compiled = _compile(vs.outside_gate_at_import(vs.compile_cmd(str(marker))), "first=8,every=off,interval=off",
+                        monkeypatch)
+    errors = _drive(compiled, 3)
+    handle = _handle(compiled)
+    assert max(errors) < 1e-5 and not marker.exists()
+    assert handle.state != "installed" and verify.verifier_of(handle) is None
+    assert tilesmith.benchmarks(compiled) == ()
+    message = _failure(compiled).message
+    assert "importing the accepted wrapper" in message and "subprocess.Popen of 'sh'" in message, message
+    assert [r.key for r in _quarantined(stand_in_gate)] == [handle.key]
+
+
+def test_module_loaded_through_inductors_code_cache_is_candidate_code(stand_in_gate, monkeypatch):
+    """``ctypes`` is refused only *directly* from candidate code (torch loads libraries on a wrapper's behalf); a
+    module the wrapper loads through ``PyCodeCache`` (as its Triton kernels are) counts as candidate code."""
+    code = ("from torch._inductor.codecache import PyCodeCache as _P\n"
+            "_P.load('import ctypes\\n_lib = ctypes.CDLL(None)\\n# ' + repr(_os.getpid()))\n")
+    compiled = _compile(vs.outside_gate(code, 1), "first=8,every=off,interval=off", monkeypatch)
+    assert max(_drive(compiled, 1 + 2)) < 1e-5
+    message = _failure(compiled).message
+    assert "audit_native: ctypes.dlopen" in message, message
+
+
+def test_honest_wrapper_beside_a_thread_doing_file_io_is_not_blamed(stand_in_gate, monkeypatch, tmp_path):
+    """A data loader's file I/O in another thread while the wrapper runs is not judged (per-thread arming)."""
+    compiled = _compile(vs.honest(), "first=30,every=off,interval=off", monkeypatch)
+    _drive(compiled, 1)
+    stop, written = threading.Event(), [0]
+
+    def loader():
+        while not stop.is_set():
+            (tmp_path / f"batch{written[0] % 4}.bin").write_bytes(b"x" * 4096)
+            os.system("true")
+            written[0] += 1
+
+    thread = threading.Thread(target=loader, daemon=True)
+    thread.start()
+    try:
+        errors = _drive(compiled, 40)
+    finally:
+        stop.set()
+        thread.join()
+    v = verify.verifier_of(_handle(compiled))
+    assert max(errors) < 1e-5 and written[0] > 0
+    assert v is not None and not v.failed and v.checks == 30, tilesmith.diagnostics(compiled)
+    assert v.watch is not None and v.watch.records == []
+
+
+def test_audit_off_leaves_the_wrapper_unwatched(stand_in_gate, monkeypatch, tmp_path):
+    path = tmp_path / "written"
+    compiled = _compile(vs.outside_gate(f"open({str(path)!r}, 'w').write('x')\n", 1),
+                        "first=4,every=off,interval=off,audit=off", monkeypatch)
+    _drive(compiled, 1 + 2)
+    assert path.exists() and verify.verifier_of(_handle(compiled)).watch is None
+
+
+# -- the hook itself -----------------------------------------------------------------------------------------
+def _candidate_module(tmp_path, name, source):
+    path = tmp_path / f"{name}.py"
+    path.write_text(source)
+    audit.add_wrapper_file(str(path))
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _library_write(path, text="x"):
+    with open(path, "w") as handle:  # this test file is a library frame for the hook
+        handle.write(text)
+
+
+def test_hook_rules_for_writes_into_the_compiler_caches(tmp_path, monkeypatch):
+    cache = tmp_path / "inductor"
+    cache.mkdir()
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache))
+    existing = cache / "original_wrapper.py"
+    existing.write_text("ORIGINAL = 1\n")
+    module = _candidate_module(tmp_path, "cand_writes", "def direct(path):\n    open(path, 'w').write('x')\n\n"
+                                                        "def via(fn, *a):\n    return fn(*a)\n")
+    watch = audit.Watch("test")
+    outcomes = {}
+    with audit.watching(watch):
+        for name, call in {"direct_into_cache": lambda: module.direct(cache / "new.py"),
+                           "library_new_file": lambda: module.via(_library_write, cache / "kernel.cpp"),
+                           "library_over_existing": lambda: module.via(_library_write, existing),
+                           "library_lock_file": lambda: module.via(_library_write, cache / "x.lock"),
+                           "library_outside": lambda: module.via(_library_write, tmp_path / "outside.txt")}.items():
+            try:
+                call()
+                outcomes[name] = "ok"
+            except PermissionError:
+                outcomes[name] = "refused"
+        _library_write(tmp_path / "no_candidate_frame.txt")  # no wrapper frame on the stack: not judged
+    assert outcomes == {"direct_into_cache": "refused", "library_new_file": "ok", "library_over_existing": "refused",
+                        "library_lock_file": "ok", "library_outside": "refused"}, outcomes
+    assert existing.read_text() == "ORIGINAL = 1\n" and not (tmp_path / "outside.txt").exists()
+    assert {r["check"] for r in watch.records} == {"audit_file_write"} and len(watch.records) == 3
+
+
+def test_hook_judges_only_the_armed_thread(tmp_path):
+    module = _candidate_module(tmp_path, "cand_threads", "def write(path):\n    open(path, 'w').write('x')\n")
+    watch, done = audit.Watch("test"), []
+    other = threading.Thread(target=lambda: (module.write(tmp_path / "other.txt"), done.append(1)))
+    with audit.watching(watch):
+        other.start()
+        other.join()
+        with pytest.raises(PermissionError):
+            module.write(tmp_path / "armed.txt")
+    module.write(tmp_path / "disarmed.txt")
+    assert done and (tmp_path / "other.txt").exists() and (tmp_path / "disarmed.txt").exists()
+    assert not (tmp_path / "armed.txt").exists() and len(watch.records) == 1
+
+
+# -- Inductor's compile pool -------------------------------------------------------------------------------------
+def _warm_pool():
+    from torch._inductor import config
+    from torch._inductor.async_compile import AsyncCompile
+
+    if (config.compile_threads or config.decide_compile_threads()) <= 1:
+        pytest.skip("Inductor compiles in the calling thread here (compile_threads=1): no pool")
+    AsyncCompile.pool().submit(abs, 1).result()  # its thread exists and is idle: a later submit starts none
+
+
+def test_task_left_in_the_compile_pool_on_a_call_uninstalls(stand_in_gate, monkeypatch):
+    compiled = _compile(vs.pool_task(2.0), "first=8,every=off,interval=off", monkeypatch)
+    _warm_pool()
+    assert max(_drive(compiled, 1 + 2)) < 1e-5
+    message = _failure(compiled).message
+    assert "call 1 since install" in message and "compile_pool" in message and "time.sleep" in message, message
+
+
+def test_task_left_in_the_compile_pool_at_import_keeps_inductor(stand_in_gate, monkeypatch):
+    _warm_pool()
+    compiled = _compile(vs.pool_task(2.0, at_import=True), "first=8,every=off,interval=off", monkeypatch)
+    assert max(_drive(compiled, 2)) < 1e-5
+    message = _failure(compiled).message
+    assert "importing the accepted wrapper" in message and "compile_pool" in message, message
+
+
+def test_inductors_own_compile_tasks_are_not_foreign():
+    from tilesmith.gate import pools
+
+    _warm_pool()
+    from torch._inductor.async_compile import AsyncCompile
+
+    started = threading.Event()
+
+    def mine():  # defined in this file: not torch's code
+        started.set()
+        time.sleep(0.5)
+
+    future = AsyncCompile.pool().submit(mine)
+    started.wait(5)
+    assert any("mine" in v for v in pools.foreign_work().values())
+    future.result()
+    assert pools.callable_file(torch._inductor.codecache.CppCodeCache.load) is not None
+    assert pools.foreign_work() == {}
+
+
+# -- memory kept across calls --------------------------------------------------------------------------------------
+def test_wrapper_keeping_memory_every_call_is_uninstalled_within_bounded_checks(stand_in_gate, monkeypatch):
+    monkeypatch.setattr(leaks, "BASE_BOUND", 8 * 2**20)
+    compiled = _compile(vs.keep_input_slices(1), "first=30,every=off,interval=off", monkeypatch)
+    errors = _drive(compiled, 1 + 14)
+    assert max(errors) < 1e-5
+    message = _failure(compiled).message
+    n = int(message.split("failed on call ")[1].split()[0])
+    assert leaks.WARMUP + leaks.STREAK <= n <= 12, message  # 1 MiB a call: 9 MiB > 8 MiB + 2 × ~12 KiB by call 9
+    assert "memory_leak" in message and "memory=off" in message
+
+
+def test_cuda_graph_like_allocation_at_the_first_calls_is_not_a_leak(stand_in_gate, monkeypatch):
+    monkeypatch.setattr(leaks, "BASE_BOUND", 8 * 2**20)
+    compiled = _compile(vs.allocates_at_first_calls(5, 4), "first=30,every=off,interval=off", monkeypatch)
+    assert max(_drive(compiled, 1 + 25)) < 1e-5
+    v = verify.verifier_of(_handle(compiled))
+    assert v is not None and not v.failed and v.checks == 25, tilesmith.diagnostics(compiled)
+    assert v.leaks is not None and v.leaks.judged == 25  # every check measured what the wrapper kept
+
+
+def test_cpu_figure_counts_a_tensor_to_within_its_bookkeeping():
+    before = leaks.allocated_bytes(torch.device("cpu"))
+    kept = torch.empty(1 << 18)
+    grown = leaks.allocated_bytes(torch.device("cpu")) - before
+    assert kept.untyped_storage().nbytes() <= grown <= kept.untyped_storage().nbytes() + 64 * 1024
+
+
+# -- through the real gate -----------------------------------------------------------------------------------
+def test_sniffing_candidate_passes_the_gate_and_is_caught_at_its_first_production_call(cpu_test_mode, monkeypatch,
+                                                                                        tmp_path):
+    """The gate worker never sees the command (the candidate detects it); production verification blocks it."""
+    marker = tmp_path / "ran"
+    sniff = vs.outside_gate(vs.compile_cmd(str(marker)), 1)
+    monkeypatch.setenv("TILESMITH_VERIFY", "first=8,every=off,interval=off")
+    torch.manual_seed(0)
+    model = MulSum()
+    factory = ScriptedFactory(edits=[lambda t: sniff(mm_instead_of_loop(t)) if has_mulsum_loop(t)
+                                     else comment("noop")(t)])
+    x = torch.randn(64, 512)
+    compiled = tilesmith.compile(model, example_inputs=(x,), agent_model=factory, loops=1)
+    with torch.no_grad():
+        compiled(x)  # the first call optimizes: the gate accepts the sniffing candidate
+        assert [v.status for v in factory.verdicts] == ["accepted"], [v.reasons for v in factory.verdicts]
+        assert not marker.exists()
+        out = compiled(x)  # its first production call
+        torch.testing.assert_close(out, torch.tanh(x @ model.w), rtol=1e-4, atol=1e-4)
+    assert not marker.exists()
+    message = _failure(compiled).message
+    assert "call 1 since install" in message and "subprocess.Popen of 'sh'" in message, message
+
+
+@pytest.mark.parametrize("threads", [1, 2], ids=["in-the-importing-thread", "in-inductors-pool"])
+def test_honest_wrapper_compiling_a_new_cpp_kernel_at_import_is_not_refused(stand_in_gate, monkeypatch, threads):
+    """Compilers, lock files and new files in Inductor's cache are what an honest import does; with one compile
+    thread they happen on the armed thread itself."""
+    import uuid
+
+    from torch._inductor import config
+
+    with config.patch(compile_threads=threads):
+        compiled = _compile(vs.fresh_cpp_kernel(uuid.uuid4().hex), "first=4,every=off,interval=off", monkeypatch)
+        errors = _drive(compiled, 1 + 4)
+    v = verify.verifier_of(_handle(compiled))
+    assert max(errors) < 1e-5
+    assert v is not None and not v.failed and v.checks == 4, tilesmith.diagnostics(compiled)
+    assert v.watch is not None and v.watch.records == []
