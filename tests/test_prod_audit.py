@@ -24,21 +24,9 @@ from tests.scripted import ScriptedFactory, comment
 from tilesmith.install import audit, leaks, verify
 
 
-@pytest.fixture
-def stand_in_gate(cpu_test_mode, monkeypatch):
-    import tilesmith.gate
-
-    monkeypatch.setattr(tilesmith.gate, "Gate", vs.AcceptingGate)
-    return cpu_test_mode
-
-
-def _fn(x, w):
-    return torch.tanh(x @ w) + 1.0
-
-
-def _inputs(seed):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(32, 64, generator=g), torch.randn(64, 16, generator=g)
+stand_in_gate = vs.stand_in_gate
+_fn = vs.tanh_matmul
+_inputs = vs.tanh_matmul_inputs
 
 
 def _compile(edit, setting, monkeypatch):

@@ -11,7 +11,29 @@ from __future__ import annotations
 
 import textwrap
 
+import pytest
+import torch
+
 _ANCHOR = "recursively_apply_fns = runner.recursively_apply_fns\n"
+
+
+@pytest.fixture
+def stand_in_gate(cpu_test_mode, monkeypatch):
+    """CPU test mode with :class:`AcceptingGate` standing in for the gate (import it into a test module to use it)."""
+    import tilesmith.gate
+
+    monkeypatch.setattr(tilesmith.gate, "Gate", AcceptingGate)
+    return cpu_test_mode
+
+
+def tanh_matmul(x, w):
+    """The function the verification tests compile: ``tanh(x @ w) + 1`` (x 32×64, w 64×16, fp32)."""
+    return torch.tanh(x @ w) + 1.0
+
+
+def tanh_matmul_inputs(seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(32, 64, generator=g), torch.randn(64, 16, generator=g)
 
 
 class AcceptingGate:
