@@ -182,6 +182,10 @@ def _library_write(path, text="x"):
         handle.write(text)
 
 
+def _library_makedirs(path):
+    os.makedirs(path, exist_ok=True)  # as cpp_builder._create_if_dir_not_exist does (a library frame)
+
+
 def test_hook_rules_for_writes_into_the_compiler_caches(tmp_path, monkeypatch):
     cache = tmp_path / "inductor"
     cache.mkdir()
@@ -197,7 +201,11 @@ def test_hook_rules_for_writes_into_the_compiler_caches(tmp_path, monkeypatch):
                            "library_new_file": lambda: module.via(_library_write, cache / "kernel.cpp"),
                            "library_over_existing": lambda: module.via(_library_write, existing),
                            "library_lock_file": lambda: module.via(_library_write, cache / "x.lock"),
-                           "library_outside": lambda: module.via(_library_write, tmp_path / "outside.txt")}.items():
+                           "library_outside": lambda: module.via(_library_write, tmp_path / "outside.txt"),
+                           # Inductor's C++ build calls makedirs(exist_ok=True) on its output folder, which can be
+                           # the working directory: a no-op on an existing folder, a write on a new one.
+                           "library_makedirs_existing": lambda: module.via(_library_makedirs, tmp_path),
+                           "library_makedirs_new": lambda: module.via(_library_makedirs, tmp_path / "new_dir")}.items():
             try:
                 call()
                 outcomes[name] = "ok"
@@ -205,9 +213,11 @@ def test_hook_rules_for_writes_into_the_compiler_caches(tmp_path, monkeypatch):
                 outcomes[name] = "refused"
         _library_write(tmp_path / "no_candidate_frame.txt")  # no wrapper frame on the stack: not judged
     assert outcomes == {"direct_into_cache": "refused", "library_new_file": "ok", "library_over_existing": "refused",
-                        "library_lock_file": "ok", "library_outside": "refused"}, outcomes
+                        "library_lock_file": "ok", "library_outside": "refused", "library_makedirs_existing": "ok",
+                        "library_makedirs_new": "refused"}, outcomes
     assert existing.read_text() == "ORIGINAL = 1\n" and not (tmp_path / "outside.txt").exists()
-    assert {r["check"] for r in watch.records} == {"audit_file_write"} and len(watch.records) == 3
+    assert not (tmp_path / "new_dir").exists()
+    assert {r["check"] for r in watch.records} == {"audit_file_write"} and len(watch.records) == 4, [r["detail"] for r in watch.records]
 
 
 def test_hook_judges_only_the_armed_thread(tmp_path):

@@ -70,12 +70,15 @@ class Watch:
     """One installed wrapper's audit state: what its code was refused (``records``: dicts with ``check``,
     ``event``, ``detail``, ``line``, ``function``, ``file``). ``label``: the graph's label, for messages."""
 
-    __slots__ = ("label", "records", "_seen")
+    __slots__ = ("label", "records", "_seen", "cwd")
 
     def __init__(self, label: str) -> None:
         self.label = label
         self.records: list[dict[str, Any]] = []
         self._seen: set[tuple[str, str]] = set()
+        self.cwd: tuple[str, frozenset[str]] | None = None
+        """During the wrapper's import only: the working directory and the names in it just before (see
+        :func:`importing`)."""
 
     def add(self, check: str, event: str, detail: str, frame: Any, origin: Any = None) -> None:
         """Record a refusal: ``frame`` the wrapper's frame it is attributed to, ``origin`` the frame that raised the
@@ -183,8 +186,13 @@ class ProductionRules(auditrules.Rules):
                 from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
                 inductor = default_cache_dir()
+            # Inductor's precompiled headers (C++ wrapper) live where ``codecache._HEADER_DIR`` was resolved when torch
+            # was imported, which is not the cache folder when TORCHINDUCTOR_CACHE_DIR was set later (torch 2.11).
+            codecache = sys.modules.get("torch._inductor.codecache")
+            headers = getattr(codecache, "_HEADER_DIR", None)
             found = [inductor, env.get("TRITON_CACHE_DIR"), os.path.join(os.path.expanduser("~"), ".triton"),
-                     str(settings.cache_root()), env.get("TILESMITH_KERNEL_DIR")]
+                     str(settings.cache_root()), env.get("TILESMITH_KERNEL_DIR"),
+                     headers if isinstance(headers, str) else None]
             real = [os.path.realpath(p) for p in found if p]
             self._inductor = real[0]
             self._roots = tuple(r for r in real if r not in ("/", os.path.realpath(os.path.expanduser("~"))))
@@ -203,12 +211,21 @@ class ProductionRules(auditrules.Rules):
             if parent == os.path.realpath(tempfile.gettempdir()) and name.startswith(tempfile.gettempprefix()):
                 self.fresh.add(path)  # tempfile.mkdtemp by a library (Inductor's precompiled-header step)
                 return True
+        if not direct:
+            cwd = getattr(getattr(LOCAL, "judging", None), "cwd", None)
+            if cwd is not None and os.path.split(path)[0] == cwd[0] and os.path.basename(path) not in cwd[1]:
+                # During an import a library may create (and remove) files that did not exist in the working
+                # directory before it: torch 2.11's C++ build (codecache._precompile_header, cpp_wrapper) leaves
+                # scratch files such as ``header.hpp`` there. Files that existed before stay read-only.
+                return True
+        if event == "os.mkdir" and not direct and os.path.isdir(path):
+            # makedirs(exist_ok=True) by a library changes nothing, wherever it is: Inductor's C++ build
+            # (cpp_builder._create_if_dir_not_exist) calls it on its output folder, the working directory included.
+            return True
         if not auditrules.under(path, self.roots()):
             return False
         if direct:
             return False  # honest wrappers write only through Inductor
-        if event == "os.mkdir" and os.path.isdir(path):
-            return True  # makedirs(exist_ok=True): changes nothing
         if path in self.created or path.endswith(".lock") or path.endswith(".best_config"):
             return True
         if os.path.lexists(path):
@@ -281,6 +298,7 @@ def ensure_hook() -> ProductionRules:
             if event not in judged and not event.startswith(native):
                 return
             local.watch = None  # events the judgement itself raises are not judged
+            local.judging = watch
             try:
                 if event == "exec":
                     rules.note_code(args)
@@ -322,8 +340,31 @@ def importing(prep: Any) -> Any:
     if prep is None or prep.watch is None:
         yield
         return
-    with watching(prep.watch):
-        yield
+    prep.watch.cwd = _cwd_names()
+    try:
+        with watching(prep.watch):
+            yield
+    finally:
+        prep.watch.cwd = None
+
+
+#: A working directory with more entries than this is not listed at import (its new files are then refused).
+CWD_LIST_MAX = 100_000
+
+
+def _cwd_names() -> tuple[str, frozenset[str]] | None:
+    """The working directory (real path) and the names in it, or ``None`` when it cannot be listed or is huge."""
+    try:
+        cwd = os.path.realpath(os.getcwd())
+        with os.scandir(cwd) as entries:
+            names = []
+            for entry in entries:
+                names.append(entry.name)
+                if len(names) > CWD_LIST_MAX:
+                    return None
+        return cwd, frozenset(names)
+    except OSError:
+        return None
 
 
 def import_findings(prep: Any, module: Any = None) -> tuple[str, str] | None:
