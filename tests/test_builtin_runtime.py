@@ -187,9 +187,11 @@ def test_output_plan_preserves_every_kind_of_aliasing_of_the_original():
 def test_pinned_input_is_read_in_place_also_through_a_new_tensor_at_the_same_address():
     original, candidate, runtime = hand_written()
     x, weight = torch.randn(4, 8), torch.randn(8)
+    held = []  # inputs 0 and 2 kept alive: each call's get new addresses (a freed one could be reused and pinned)
     for _ in range(3):
-        candidate.call([x.clone(), weight, torch.randn(4, 8)])
-    assert 1 in runtime.pinned and runtime.captures == 1
+        held += [x.clone(), torch.randn(4, 8)]
+        candidate.call([held[-2], weight, held[-1]])
+    assert runtime.pinned == (1,) and runtime.captures == 1
     weight.mul_(3.0)                    # e.g. an optimizer step, in place
     alias = weight.detach()             # a different tensor object at the same address
     assert alias is not weight and alias.data_ptr() == weight.data_ptr()
