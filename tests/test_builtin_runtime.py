@@ -187,7 +187,7 @@ def test_output_plan_preserves_every_kind_of_aliasing_of_the_original():
 def test_pinned_input_is_read_in_place_also_through_a_new_tensor_at_the_same_address():
     original, candidate, runtime = hand_written()
     x, weight = torch.randn(4, 8), torch.randn(8)
-    held = []  # inputs 0 and 2 kept alive: each call's get new addresses (a freed one could be reused and pinned)
+    held = []  # inputs 0 and 2 kept alive, so each call gets new addresses (a freed one could be reused and pinned)
     for _ in range(3):
         held += [x.clone(), torch.randn(4, 8)]
         candidate.call([held[-2], weight, held[-1]])
@@ -211,7 +211,8 @@ def test_moved_pinned_input_recaptures_then_stable_inputs_are_promoted_then_all_
         got = candidate.call(list(args))
         assert all(same(g, e) for g, e in zip(got[:5], expected[:5]))
 
-    check([torch.randn(4, 8), weight, torch.randn(4, 8)])
+    first = [torch.randn(4, 8), weight, torch.randn(4, 8)]  # kept alive: the second call's inputs 0 and 2 get new addresses
+    check(first)
     check([torch.randn(4, 8), weight, torch.randn(4, 8)])
     assert runtime.captures == 1 and runtime.pinned == (1,)
     moved = weight.clone()
