@@ -53,7 +53,7 @@ import torch
 
 from tilesmith import settings
 from tilesmith.context import RunContext
-from tilesmith.gate import torchstate
+from tilesmith.gate import modes, torchstate
 from tilesmith.gate.sidefx import ProductionSnapshot
 from tilesmith.gate.window import StateWindow
 from tilesmith.gate.host.compare import check_values, compare_output, compare_structure, tolerance_for
@@ -71,6 +71,7 @@ from tilesmith.install.shadow import (
 )
 from tilesmith.install import audit
 from tilesmith.install.leaks import LeakWatch
+from tilesmith.install.quarantine import quarantine
 from tilesmith.install.schedule import CLOCK, Schedule
 from tilesmith.install.threads import ThreadCensus, warm_intra_op_pool
 from tilesmith.records import GraphState
@@ -136,16 +137,21 @@ def guard(run: RunContext, handle: Any, track: Any, fn: Any, module: Any, source
         return fn
     verifier = Verifier(run, handle, track, fn, module, source, prep)
     state = verifier
+    depths = modes.depths if prep.snapshot is not None else _no_depths  # the state policy: R4's mode stacks
     if prep.watch is None:
         def verified_call(args: list[Any]) -> Any:
             state.calls += 1
             if state.calls < state.next_check:
+                stacks = depths()
                 try:  # free unless it raises (zero-cost exception handling, Python >= 3.11)
-                    return fn(args)
+                    out = fn(args)
                 except Exception as exc:
                     if not state.unchecked_failure(exc, args):
                         raise
                     return state.original(args)
+                if depths() != stacks:
+                    return state.unchecked_modes(stacks, out, args)
+                return out
             return state.checked_call(args)
     else:
         local, watch = audit.LOCAL, prep.watch
@@ -153,7 +159,7 @@ def guard(run: RunContext, handle: Any, track: Any, fn: Any, module: Any, source
         def verified_call(args: list[Any]) -> Any:
             state.calls += 1
             if state.calls < state.next_check:
-                previous = local.watch
+                previous, stacks = local.watch, depths()
                 local.watch = watch  # the audit hook judges this thread's events while the wrapper runs
                 try:
                     out = fn(args)
@@ -166,6 +172,8 @@ def guard(run: RunContext, handle: Any, track: Any, fn: Any, module: Any, source
                     local.watch = previous
                 if watch.records:
                     return state.unchecked_refused(out, args)
+                if depths() != stacks:
+                    return state.unchecked_modes(stacks, out, args)
                 return out
             return state.checked_call(args)
 
@@ -174,6 +182,10 @@ def guard(run: RunContext, handle: Any, track: Any, fn: Any, module: Any, source
     if prep.policy.interval_s is not None:
         CLOCK.add(verifier)
     return verified_call
+
+
+def _no_depths() -> tuple[int, int]:
+    return (0, 0)
 
 
 def verifier_of(handle: Any) -> Verifier | None:
@@ -292,8 +304,20 @@ class Verifier(Schedule):
             self._uninstall_logged(self.calls, _Problem(*self.watch.summary()))  # type: ignore[union-attr, misc]
         return self.original(args) if args else outputs
 
+    def unchecked_modes(self, depths: tuple[int, int], outputs: Any, args: list[Any]) -> Any:
+        """The wrapper's unchecked call left the thread's mode stacks deeper or shallower (R4: a dispatch mode pushed
+        on call N and never popped intercepts every later call, the original's shadow included): pop what it pushed,
+        uninstall and quarantine it; the original serves the call if the argument list is intact."""
+        done = modes.pop_to(depths)
+        if not self.failed:
+            self._uninstall_logged(self.calls, _Problem("global_state", (
+                f"the installed wrapper changed this thread's torch mode stacks on unchecked call {self.calls} "
+                f"(dispatch, function modes: {depths[0]}, {depths[1]} before the call): {'; '.join(done)}")))
+        return self.original(args) if args else outputs
+
     def unchecked(self, args: list[Any]) -> Any:
         """An unchecked call outside the verified entry's fast path (a check skipped or running in another thread)."""
+        stacks = modes.depths() if self.snapshot is not None else (0, 0)
         try:
             outputs = self._run(args)
         except Exception as exc:
@@ -302,6 +326,8 @@ class Verifier(Schedule):
             return self.original(args)
         if self.watch is not None and self.watch.records:
             return self.unchecked_refused(outputs, args)
+        if self.snapshot is not None and modes.depths() != stacks:
+            return self.unchecked_modes(stacks, outputs, args)
         return outputs
 
     def _run(self, args: list[Any]) -> Any:
@@ -338,7 +364,7 @@ class Verifier(Schedule):
             self._reschedule(n, None, None)
             return self.unchecked(args)
         if self.snapshot is not None:  # the state policy: also what changes while only the wrapper runs
-            shadow.window = StateWindow(str(self.device))
+            shadow.window = StateWindow(str(self.device), self.snapshot.classes.containers)
         before = self.leaks.before() if self.leaks is not None else None
         t0 = time.perf_counter()
         try:
@@ -512,6 +538,8 @@ class Verifier(Schedule):
         return type(shadow.outputs)(result) if isinstance(shadow.outputs, tuple) else result
 
     def _fail(self, n: int, shadow: _Shadow, outputs: Any, problem: _Problem) -> Any:
+        if shadow.window is not None and problem.check != "global_state":
+            shadow.window.restore()  # a mode the wrapper pushed must not outlive it, whatever failed first
         result = self._serve_original(shadow, outputs)
         try:
             self.uninstall(n, problem)
@@ -576,22 +604,3 @@ class Verifier(Schedule):
         except Exception:  # noqa: BLE001
             log.exception("tilesmith: uninstalling graph %s failed", self.label)
         return result
-
-
-def quarantine(run: RunContext, key: str, source: str, graph_name: str, reason: str) -> str:
-    """Quarantine the artifact of ``key`` with ``source`` in the cache (never served or stored again:
-    :meth:`tilesmith.cache.ArtifactStore.quarantine`); returns the sentence for the diagnostic."""
-    from tilesmith.cache import ArtifactStore
-
-    try:
-        store = ArtifactStore(settings.cache_root())
-        path = store.quarantine(key, source=source, graph_name=graph_name, run_id=getattr(run, "run_id", None),
-                                reason=reason[:2000])
-        for diag in store.take_problems():
-            run.record_diagnostic(diag)
-    except Exception as exc:  # noqa: BLE001
-        return f"Quarantining artifact {key[:12]} failed ({exc}); it may be served again."
-    if path is None:
-        return (f"Artifact {key[:12]} is not quarantined: the artifact cache is off "
-                "(TILESMITH_ARTIFACT_CACHE=0) or could not be written.")
-    return f"Artifact {key[:12]} is quarantined ({path}) and will not be served again."
