@@ -154,7 +154,7 @@ def test_r3_replaced_method_of_any_torch_class_is_rejected(ln, monkeypatch, make
     (rh.excepthook_in_call, "sys.excepthook"),
     (rh.threading_excepthook_in_call, "threading.excepthook"),
     (rh.atexit_callback_at_import, "atexit._ncallbacks()"),
-    (rh.logging_handler_in_call, "logging.loggers"),
+    (rh.logging_handler_in_call, "logging.getLogger('torch')"),
     (rh.warning_filter_at_import, "warnings.filters"),
 ], ids=["R3-hook-dict", "R3-hook-registered", "R7-showwarning", "R7-excepthook", "R7-threading-excepthook",
         "R7-atexit", "R7-logging-handler", "R7-warning-filter"])

@@ -125,9 +125,9 @@ class Ident:
         return _label(self.obj)
 
 
-def _logger_state(logger: Any) -> tuple[Any, ...]:
-    return (Same(getattr(logger, "handlers", ())), Same(getattr(logger, "filters", ())),
-            getattr(logger, "level", None), getattr(logger, "disabled", None), getattr(logger, "propagate", None))
+def _logger_state(logger: Any) -> Same:
+    return Same((Same(getattr(logger, "handlers", ())), Same(getattr(logger, "filters", ())),
+            getattr(logger, "level", None), getattr(logger, "disabled", None), getattr(logger, "propagate", None)))
 
 
 def logging_values() -> dict[str, Any]:
@@ -136,11 +136,12 @@ def logging_values() -> dict[str, Any]:
         "logging.getLoggerClass()": Ident(logging.getLoggerClass()),
         "logging.root.manager.disable": getattr(logging.root.manager, "disable", None),
     }
-    loggers = {"<root>": _logger_state(logging.root)}
+    out["logging.root (handlers, filters, level, disabled, propagate)"] = _logger_state(logging.root)
     for name, logger in list(logging.root.manager.loggerDict.items()):
         if isinstance(logger, logging.Logger) and name.split(".", 1)[0] in ("torch", "tilesmith", "triton"):
-            loggers[name] = _logger_state(logger)
-    out["logging.loggers (handlers, filters, level, disabled, propagate)"] = Keeps(loggers)
+            # one key per logger: the trusted original's own effects (torch drops its lazy trace handler on a
+            # fresh process's first compile: logging.getLogger('torch.__trace')) exclude that logger only
+            out[f"logging.getLogger({name!r}) (handlers, filters, level, disabled, propagate)"] = _logger_state(logger)
     return out
 
 
