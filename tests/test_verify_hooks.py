@@ -14,7 +14,6 @@ import torch
 
 from tests import verify_support as vs
 from tests.test_verify import _compile, _drive, _failure, _verifier
-from tilesmith.gate import modes
 
 stand_in_gate = vs.stand_in_gate
 
@@ -77,16 +76,29 @@ def hook_replacer(at_call: int, how: str):
         """, prelude="_n = [0]\n")
 
 
+def _depths():
+    """The thread's (dispatch, function) mode-stack depths, read without tilesmith (the tests then run, and fail,
+    with the production change reverted)."""
+    return torch._C._len_torch_dispatch_stack(), torch._C._len_torch_function_stack()
+
+
+def _pop_to(depths):
+    while torch._C._len_torch_dispatch_stack() > depths[0]:
+        torch._C._pop_torch_dispatch_stack(None)
+    while torch._C._len_torch_function_stack() > depths[1]:
+        torch._C._pop_torch_function_stack()
+
+
 @pytest.fixture
 def restored():
     """Undo what the wrappers above leave in the test process."""
     forward, call = torch.nn.Linear.forward, torch.nn.Module.__call__
     show, hook = warnings.showwarning, sys.excepthook
-    depths = modes.depths()
+    depths = _depths()
     yield depths
     torch.nn.Linear.forward, torch.nn.Module.__call__ = forward, call
     warnings.showwarning, sys.excepthook = show, hook
-    modes.pop_to(depths)
+    _pop_to(depths)
 
 
 def _uninstalled(compiled, *keys: str):
@@ -106,7 +118,7 @@ def test_r4_mode_pushed_on_a_checked_call_fails_and_is_popped(stand_in_gate, mon
     errors = _drive(compiled, 1 + 5)
     assert max(errors) < 1e-5
     _uninstalled(compiled, "call 3 since install", "global_state", key)
-    assert modes.depths() == restored  # what the wrapper pushed is gone
+    assert _depths() == restored  # what the wrapper pushed is gone
 
 
 @pytest.mark.parametrize("bomb", [dispatch_mode_bomb, function_mode_bomb], ids=["dispatch-mode", "function-mode"])
@@ -116,7 +128,7 @@ def test_r4_time_bomb_on_an_unchecked_call_fails_at_once_and_is_popped(stand_in_
     assert max(errors) < 1e-5
     diag = _uninstalled(compiled, "unchecked call 4", "mode")
     assert "popped" in diag.message
-    assert modes.depths() == restored
+    assert _depths() == restored
 
 
 def test_r4_mode_check_is_off_with_the_state_policy(stand_in_gate, monkeypatch, restored):
