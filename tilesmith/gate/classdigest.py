@@ -19,9 +19,10 @@ lazily), and classes or modules that appear after the baseline (lazy imports; th
 
 The digest holds the classes and the values themselves, so no id can be recycled behind it. Types whose attributes
 cannot be set (static builtin types such as ``object``, ``Py_TPFLAGS_IMMUTABLETYPE``) are left out. Cost on the
-project's 2-core CPU CI with Inductor's CPU modules and Dynamo loaded (about 4,300 classes, 50,000 attributes): about
-35 ms for a baseline and 5–8 ms for a comparison when the machine is idle (three times that under a load of 4) (values compared in C, ``map(operator.is_, ...)``; a class whose values differ
-is then compared key by key). docs/gate.md ("Side effects by structure") and docs/verification.md ("Cost").
+project's 2-core CPU CI with Inductor's CPU modules and Dynamo loaded (about 4,300 classes, 49,000 attributes), idle:
+about 38 ms for a baseline and 4–5 ms for a comparison, three times that under a load of 4 (``bench/snapshot_cost.py``;
+values compared in C, ``map(operator.is_, ...)``; a class whose values differ is then compared key by key).
+docs/gate.md ("Side effects by structure") and docs/verification.md ("Cost").
 """
 
 from __future__ import annotations

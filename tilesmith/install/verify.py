@@ -1,7 +1,8 @@
 """Production verification: installed wrappers are shadow-checked in the user's process (issue 15, item 4).
 
 :func:`guard` wraps the boxed callable that :func:`tilesmith.install.installer.install` swaps in. An unchecked call costs a
-counter increment and one comparison, and (``audit=on``) arms the calling thread for the production audit hook
+counter increment and one comparison, (``state=on``) two reads of the thread's mode-stack depths before and after
+the wrapper (:func:`tilesmith.gate.modes.depths`: a mode left pushed uninstalls it at once, popped), and (``audit=on``) arms the calling thread for the production audit hook
 (:mod:`tilesmith.install.audit`: the gate worker's audit rules; a thread-local read, two stores and a slot read). A
 *checked* call (the first ``first`` calls after install, then each call with probability ``1/every`` — raised so that
 checks cost about ``budget`` of the graph's own time — and the first call after ``interval`` seconds without a check;
@@ -137,7 +138,7 @@ def guard(run: RunContext, handle: Any, track: Any, fn: Any, module: Any, source
         return fn
     verifier = Verifier(run, handle, track, fn, module, source, prep)
     state = verifier
-    depths = modes.depths if prep.snapshot is not None else _no_depths  # the state policy: R4's mode stacks
+    depths = modes.depths if prep.snapshot is not None else modes.no_depths  # the state policy: R4's mode stacks
     if prep.watch is None:
         def verified_call(args: list[Any]) -> Any:
             state.calls += 1
@@ -182,10 +183,6 @@ def guard(run: RunContext, handle: Any, track: Any, fn: Any, module: Any, source
     if prep.policy.interval_s is not None:
         CLOCK.add(verifier)
     return verified_call
-
-
-def _no_depths() -> tuple[int, int]:
-    return (0, 0)
 
 
 def verifier_of(handle: Any) -> Verifier | None:
@@ -305,14 +302,13 @@ class Verifier(Schedule):
         return self.original(args) if args else outputs
 
     def unchecked_modes(self, depths: tuple[int, int], outputs: Any, args: list[Any]) -> Any:
-        """The wrapper's unchecked call left the thread's mode stacks deeper or shallower (R4: a dispatch mode pushed
-        on call N and never popped intercepts every later call, the original's shadow included): pop what it pushed,
-        uninstall and quarantine it; the original serves the call if the argument list is intact."""
-        done = modes.pop_to(depths)
+        """The wrapper's unchecked call changed the thread's mode-stack depths (R4: a dispatch mode left pushed makes
+        every later call, the original's shadow included, wrong alike): pop what it pushed, uninstall and quarantine;
+        the original serves the call if the argument list is intact."""
+        done, n = "; ".join(modes.pop_to(depths)), self.calls
         if not self.failed:
-            self._uninstall_logged(self.calls, _Problem("global_state", (
-                f"the installed wrapper changed this thread's torch mode stacks on unchecked call {self.calls} "
-                f"(dispatch, function modes: {depths[0]}, {depths[1]} before the call): {'; '.join(done)}")))
+            self._uninstall_logged(n, _Problem("global_state", f"the installed wrapper changed this thread's torch mode "
+                                               f"stacks on unchecked call {n} (depths {depths} before it): {done}"))
         return self.original(args) if args else outputs
 
     def unchecked(self, args: list[Any]) -> Any:
