@@ -37,12 +37,16 @@ def effects():
     import torch._inductor.codecache  # noqa: F401 - imported before the baseline, as in the worker (Dynamo's
     import torch._inductor.select_algorithm  # noqa: F401 - import wraps torch.manual_seed)
 
-    watch = sidefx.SideEffects()
-    watch.baseline(["torch._inductor.select_algorithm.extern_kernels", "torch.ops.aten"])
-    return watch
+    def baseline() -> sidefx.SideEffects:  # in the test's own phase: pytest adds log-capture handlers per phase
+        watch = sidefx.SideEffects()
+        watch.baseline(["torch._inductor.select_algorithm.extern_kernels", "torch.ops.aten"])
+        return watch
+
+    return baseline
 
 
 def test_unchanged_process_reports_nothing_and_lazy_initialisation_is_not_a_change(effects):
+    effects = effects()
     import tempfile
 
     from torch._inductor.select_algorithm import extern_kernels
@@ -55,6 +59,7 @@ def test_unchanged_process_reports_nothing_and_lazy_initialisation_is_not_a_chan
 
 
 def test_replaced_non_callable_and_namespace_attributes_are_reported(effects):
+    effects = effects()
     from torch._inductor import codecache
     from torch._inductor.select_algorithm import extern_kernels
 
@@ -78,6 +83,7 @@ def test_replaced_non_callable_and_namespace_attributes_are_reported(effects):
 
 
 def test_getter_less_state_and_import_system_changes_are_reported(effects):
+    effects = effects()
     mkldnn = torch.backends.mkldnn.enabled
     finder = type("Finder", (), {"find_spec": lambda self, *a: None})()
     try:

@@ -20,6 +20,14 @@ facts only (the host turns them into failures in :mod:`tilesmith.gate.host.answe
   ``torch.backends.cuda.matmul.allow_tf32``: properties, invisible to an identity snapshot), Inductor's and
   Dynamo's configuration (``get_config_copy()``), a few interpreter settings with getters
   (:data:`_GETTERS`), and ``sys.path``, ``sys.meta_path``, ``sys.path_hooks`` element by element.
+- **Every torch/Triton class** (``identity_changes``): the ``__dict__`` of every class bound at module level in a
+  loaded ``torch.*``/``triton.*`` module or in a watched namespace (:mod:`tilesmith.gate.classdigest`: a replaced
+  ``torch.nn.Linear.forward`` however the class was reached).
+- **Hook tables** (``state_changes``, ``"hook ..."`` keys): ``warnings.showwarning``, the warning filters,
+  ``sys.excepthook`` and the other interpreter hooks, exit callbacks, ``gc.callbacks``, ``copyreg``, the logging
+  handlers of torch's loggers, torch's module-level hook dicts (:mod:`tilesmith.gate.hooktables`). The mode stacks,
+  autocast and the saved-tensors hooks are in :func:`tilesmith.gate.torchstate.state_snapshot`
+  (:mod:`tilesmith.gate.modes`).
 - **Behavioural probes** (``state_changes``) of state without a getter: flush-to-zero / denormals-are-zero
   (``torch.set_flush_denormal``; :func:`probe_denormals` multiplies a float32 denormal by 1.0 in torch and a
   float64 denormal in Python on the calling thread: the mode is per thread, and the wrapper runs on this one).
@@ -30,11 +38,15 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Iterable
 from typing import Any
 
 import torch
+
+from tilesmith.gate import hooktables
+from tilesmith.gate.classdigest import ClassDigest
 
 #: Namespaces watched in every worker, whatever the original imports (looked up in ``sys.modules`` first, then
 #: as attributes of their parent; absent ones are not watched). ``torch.backends.*`` is added by prefix.
@@ -224,6 +236,9 @@ class SideEffects:
         self.base_attrs: dict[str, tuple[dict[str, Any], Any]] = {}
         self.base_values: dict[str, Any] = {}
         self.base_lists: dict[str, tuple[Any, list[Any]]] = {}
+        self.classes = ClassDigest()
+        """Every torch/Triton class's ``__dict__`` (:mod:`tilesmith.gate.classdigest`), and the hook-table containers."""
+        self.base_hooks: dict[str, Any] = {}
         self.ignore: frozenset[str] = frozenset()
         """Names and keys the trusted original itself changes in its own process (its import, its warm-up calls:
         Triton's and Inductor's lazy runtime state on CUDA, say), sent by the host; an honest candidate changes
@@ -248,12 +263,18 @@ class SideEffects:
             space = _namespace(obj)
             if space is not None:
                 self.base_attrs[name] = (dict(space), obj)
+        self.classes.baseline((name, space) for name, (space, _) in self.base_attrs.items())
+        self.base_hooks = self.hooks()
         self.base_values = self.values()
         self.base_lists = {name: (getattr(sys, name), list(getattr(sys, name))) for name in self.sys_lists}
 
     @staticmethod
     def values() -> dict[str, Any]:
         return {**backend_values(), **getter_values(), **probe_denormals()}
+
+    def hooks(self) -> dict[str, Any]:
+        """The hook tables (:func:`tilesmith.gate.hooktables.hook_values`; signals are the worker's own check)."""
+        return hooktables.hook_values(signals=False, containers=self.classes.containers, import_lists=False)
 
     def identity_changes(self) -> list[str]:
         """``"extern_kernels.mm"``-style names of attributes whose object changed or that disappeared, and of
@@ -274,6 +295,7 @@ class SideEffects:
                     changed.append(f"{name}.{attr} (removed)")
                 elif not _same(value, now[attr]):
                     changed.append(f"{name}.{attr}")
+        changed += self.classes.changes()
         return sorted(c for c in changed if c not in self.ignore)
 
     def state_changes(self) -> dict[str, list[Any]]:
@@ -293,6 +315,7 @@ class SideEffects:
                                   f"added {added}" if added else "nothing added"]
             elif len(current) != len(items) or not all(map(_same_entry, current, items)):
                 changes[f"{label} (order)"] = [[_describe(x) for x in items], [_describe(x) for x in current]]
+        changes.update(hook_changes(self.base_hooks, self.hooks()))
         return {k: v for k, v in changes.items() if k not in self.ignore}
 
 
@@ -328,24 +351,63 @@ class ProductionSnapshot(SideEffects):
     """The cheap part of :class:`SideEffects`, for production verification in the user's process
     (:mod:`tilesmith.install.verify`): the identity of every attribute of the namespaces the installed wrapper's
     source names (:func:`tilesmith.gate.torchstate.wrapper_namespaces`, passed in) plus :data:`PRODUCTION_FIXED`,
-    the ``torch.backends.*`` values (:func:`backend_values`) and the denormal probe (:func:`probe_denormals`).
-    Left out: the compiler configurations, the getters and the import-system lists (the user's own code changes
-    those between calls as it likes).
+    every torch/Triton class's ``__dict__`` (:class:`~tilesmith.gate.classdigest.ClassDigest`: a replaced method
+    of ``torch.nn.Linear``), the interpreter's callable hooks (:data:`tilesmith.gate.hooktables.CALLABLE_HOOKS`:
+    ``warnings.showwarning``, ``sys.excepthook``, ...), the ``torch.backends.*`` values (:func:`backend_values`) and
+    the denormal probe (:func:`probe_denormals`). Left out: the compiler configurations, the getters, the
+    import-system lists and the hook tables with entries (warning filters, logging handlers, exit callbacks,
+    torch's global hook dicts: the user's own code and its imports change those between calls as they like; a
+    change made by the wrapper *during* a checked call is seen by :class:`tilesmith.gate.window.StateWindow`).
 
-    :meth:`baseline` before the wrapper's import; :meth:`changes` on a checked call (a few milliseconds on the
-    CPU: docs/verification.md, "Cost")."""
+    :meth:`baseline` before the wrapper's import (about 36 ms on the CPU with Inductor and Dynamo loaded);
+    :meth:`changes` on a checked call (about 1.4 ms; 6.7 ms when the class digest is due, at most once a second:
+    docs/verification.md, "Cost")."""
 
     fixed = PRODUCTION_FIXED
     sys_lists = ()
+    digest_interval_s = 1.0
+    """The class digest (5–10 ms, most of a check's snapshot cost) is compared on a checked call only when this many
+    seconds passed since its last comparison, so cheap graphs keep frequent checks; a class patched on any call is
+    still seen at the first checked call after that."""
+    _digest_at: float | None = None
+
+    def identity_changes(self) -> list[str]:
+        now = time.monotonic()
+        if self._digest_at is not None and now - self._digest_at < self.digest_interval_s:
+            saved, self.classes.entries = self.classes.entries, []
+            try:
+                return super().identity_changes()
+            finally:
+                self.classes.entries = saved
+        self._digest_at = now
+        return super().identity_changes()
 
     @staticmethod
     def values() -> dict[str, Any]:
         return {**backend_values(), **probe_denormals()}
 
+    def hooks(self) -> dict[str, Any]:
+        return hooktables.callable_hooks()
+
     def changes(self) -> list[str]:
         """What differs from the baseline, one short line each: ``"extern_kernels.mm"``-style names of replaced
         or removed attributes, ``"torch.backends.mkldnn.enabled: True → False"`` for values."""
         return list(self.identity_changes()) + change_lines(self.state_changes())
+
+
+def hook_changes(before: dict[str, Any], now: dict[str, Any]) -> dict[str, list[Any]]:
+    """``{"hook warnings.showwarning": [before, after]}`` for every hook table of ``before`` that differs (short
+    ``repr`` s; for tables with entries, which entries)."""
+    out: dict[str, list[Any]] = {}
+    for key, value in before.items():
+        current = now.get(key)
+        if value == current:
+            continue
+        if isinstance(value, hooktables.Keeps) and isinstance(current, hooktables.Keeps):
+            out[f"hook {key}"] = ["as at the baseline", "; ".join(value.differences(current))[:400]]
+        else:
+            out[f"hook {key}"] = [repr(value)[:200], repr(current)[:200]]
+    return out
 
 
 def change_lines(diff: dict[str, list[Any]]) -> list[str]:

@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from tilesmith.gate import modes
+
 # fp32 precision knobs (torch ≥ 2.9 API). Parents first: applying in this order reproduces children
 # whose value is "none" (inherit).
 _FP32_PRECISION_PATHS = (
@@ -181,7 +183,10 @@ def install_tripwires() -> list[str]:
 
 
 def state_snapshot(device: str) -> dict[str, Any]:
-    """Flags plus the state that is not a numeric flag: grad mode, streams, allocator, environment."""
+    """Flags plus the state that is not a numeric flag: grad mode, streams, allocator, environment, and the
+    thread's interposition state (:func:`tilesmith.gate.modes.mode_state`: the dispatch- and function-mode stacks,
+    autocast, the saved-tensors default hooks), which would make a wrapper and the original it is compared with
+    wrong in the same way."""
     state = numeric_flags()
     state["grad_enabled"] = bool(torch.is_grad_enabled())
     state["inference_mode"] = bool(torch.is_inference_mode_enabled())
@@ -209,6 +214,7 @@ def state_snapshot(device: str) -> dict[str, Any]:
                 pass
     for name, count in _TRIPPED.items():
         state[f"called torch._C.{name}"] = count
+    state.update(modes.mode_state())  # dispatch/function mode stacks, autocast, saved-tensors hooks
     state["sys.trace"] = sys.gettrace() is not None
     state["sys.profile"] = sys.getprofile() is not None
     state["threading.trace"] = getattr(threading, "_trace_hook", None) is not None

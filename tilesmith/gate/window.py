@@ -17,9 +17,14 @@ What a window reads (:func:`window_values`):
   only; the red team of 2026-12-05 installed a wrapper that reseeded both on every call (docs/gate.md, "Threat
   model").
 
+- the thread's mode stacks, autocast and saved-tensors hooks (:mod:`tilesmith.gate.modes`, through
+  ``state_snapshot``) and the process's hook tables (:func:`tilesmith.gate.hooktables.hook_values`: warning
+  hooks and filters, ``sys`` hooks, exit callbacks, signal handlers, logging handlers, torch's hook dicts).
+
 On a change, :meth:`StateWindow.restore` puts back what has a setter (the numeric flags through
-:func:`tilesmith.gate.torchstate.apply_flags`, the two generators' states, flush-to-zero on this thread); the caller reports the change and
-uninstalls the wrapper. Cost: docs/verification.md ("Cost").
+:func:`tilesmith.gate.torchstate.apply_flags`, the two generators' states, flush-to-zero on this thread, modes
+pushed since the opening, the callable interpreter hooks); the caller reports the change and uninstalls the
+wrapper. Cost: docs/verification.md ("Cost").
 """
 
 from __future__ import annotations
@@ -31,8 +36,8 @@ from typing import Any
 
 import torch
 
-from tilesmith.gate import torchstate
-from tilesmith.gate.sidefx import change_lines, getter_values, probe_denormals
+from tilesmith.gate import hooktables, modes, torchstate
+from tilesmith.gate.sidefx import change_lines, getter_values, hook_changes, probe_denormals
 
 
 def _numpy_random() -> Any:
@@ -57,29 +62,46 @@ def rng_digests() -> dict[str, str]:
 
 
 def window_values(device: str) -> dict[str, Any]:
-    """Everything a :class:`StateWindow` compares (module docstring), as ``{name: value}``."""
+    """Everything a :class:`StateWindow` compares by value (module docstring), as ``{name: value}``."""
     return {**torchstate.state_snapshot(device), **getter_values(), **probe_denormals(), **rng_digests()}
 
 
 class StateWindow:
     """Open (read everything) at construction; :meth:`changes` reads again and lists what differs.
 
-    ``device``: the graph's device (``"cpu"``, ``"cuda:0"``), for the CUDA stream and allocator entries."""
+    ``device``: the graph's device (``"cpu"``, ``"cuda:0"``), for the CUDA stream and allocator entries;
+    ``containers``: torch's module-level hook tables to compare too (``ClassDigest.containers`` of the graph's
+    :class:`~tilesmith.gate.sidefx.ProductionSnapshot`; ``None``: none)."""
 
-    def __init__(self, device: str):
+    def __init__(self, device: str, containers: dict[str, Any] | None = None):
         self.device = device
+        self.containers = containers or {}
         self.python_random = random.getstate()
         get_state = getattr(_numpy_random(), "get_state", None)
         self.numpy_random = get_state() if get_state is not None else None
+        self.stacks = modes.capture()
+        self.hooks = hooktables.hook_values(signals=True, containers=self.containers)
         self.before = window_values(device)
 
     def changes(self) -> list[str]:
         """``["default_dtype: 'torch.float32' → 'torch.float64'", ...]``: what differs from the window's opening."""
-        return change_lines(torchstate.diff_state(self.before, window_values(self.device)))
+        lines = change_lines(torchstate.diff_state(self.before, window_values(self.device)))
+        now = hooktables.hook_values(signals=True, containers=self.containers)
+        return lines + change_lines(hook_changes(self.hooks, now))
 
     def restore(self) -> list[str]:
-        """Put back the numeric flags and both generators' states; returns the names that could not be set."""
-        failed = torchstate.apply_flags(self.before)  # reads only the numeric flags' keys
+        """Put back the numeric flags, both generators' states, the interpreter's callable hooks
+        (:data:`tilesmith.gate.hooktables.CALLABLE_HOOKS`) and the mode stacks (modes pushed since the opening are
+        popped: :func:`tilesmith.gate.modes.pop_new`); returns the names that could not be set (a mode the wrapper
+        removed, the hook tables with entries: reported, not restored)."""
+        failed = [line for line in modes.pop_new(self.stacks) if line.endswith("(not restored)")]
+        for name in hooktables.CALLABLE_HOOKS:
+            old = self.hooks.get(name)
+            module, _, attr = name.partition(".")
+            owner = sys.modules.get(module)
+            if isinstance(old, hooktables.Ident) and owner is not None and getattr(owner, attr, None) is not old.obj:
+                setattr(owner, attr, old.obj)
+        failed += torchstate.apply_flags(self.before)  # reads only the numeric flags' keys
         if self.before.get("probe.denormal_float32_torch") == "kept" and \
                 probe_denormals()["probe.denormal_float32_torch"] == "flushed":
             torch.set_flush_denormal(False)

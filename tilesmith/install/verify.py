@@ -1,7 +1,8 @@
 """Production verification: installed wrappers are shadow-checked in the user's process (issue 15, item 4).
 
 :func:`guard` wraps the boxed callable that :func:`tilesmith.install.installer.install` swaps in. An unchecked call costs a
-counter increment and one comparison, and (``audit=on``) arms the calling thread for the production audit hook
+counter increment and one comparison, (``state=on``) two reads of the thread's mode-stack depths before and after
+the wrapper (:func:`tilesmith.gate.modes.depths`: a mode left pushed uninstalls it at once, popped), and (``audit=on``) arms the calling thread for the production audit hook
 (:mod:`tilesmith.install.audit`: the gate worker's audit rules; a thread-local read, two stores and a slot read). A
 *checked* call (the first ``first`` calls after install, then each call with probability ``1/every`` — raised so that
 checks cost about ``budget`` of the graph's own time — and the first call after ``interval`` seconds without a check;
@@ -53,7 +54,7 @@ import torch
 
 from tilesmith import settings
 from tilesmith.context import RunContext
-from tilesmith.gate import torchstate
+from tilesmith.gate import modes, torchstate
 from tilesmith.gate.sidefx import ProductionSnapshot
 from tilesmith.gate.window import StateWindow
 from tilesmith.gate.host.compare import check_values, compare_output, compare_structure, tolerance_for
@@ -71,6 +72,7 @@ from tilesmith.install.shadow import (
 )
 from tilesmith.install import audit
 from tilesmith.install.leaks import LeakWatch
+from tilesmith.install.quarantine import quarantine
 from tilesmith.install.schedule import CLOCK, Schedule
 from tilesmith.install.threads import ThreadCensus, warm_intra_op_pool
 from tilesmith.records import GraphState
@@ -136,16 +138,21 @@ def guard(run: RunContext, handle: Any, track: Any, fn: Any, module: Any, source
         return fn
     verifier = Verifier(run, handle, track, fn, module, source, prep)
     state = verifier
+    depths = modes.depths if prep.snapshot is not None else modes.no_depths  # the state policy: R4's mode stacks
     if prep.watch is None:
         def verified_call(args: list[Any]) -> Any:
             state.calls += 1
             if state.calls < state.next_check:
+                stacks = depths()
                 try:  # free unless it raises (zero-cost exception handling, Python >= 3.11)
-                    return fn(args)
+                    out = fn(args)
                 except Exception as exc:
                     if not state.unchecked_failure(exc, args):
                         raise
                     return state.original(args)
+                if depths() != stacks:
+                    return state.unchecked_modes(stacks, out, args)
+                return out
             return state.checked_call(args)
     else:
         local, watch = audit.LOCAL, prep.watch
@@ -153,7 +160,7 @@ def guard(run: RunContext, handle: Any, track: Any, fn: Any, module: Any, source
         def verified_call(args: list[Any]) -> Any:
             state.calls += 1
             if state.calls < state.next_check:
-                previous = local.watch
+                previous, stacks = local.watch, depths()
                 local.watch = watch  # the audit hook judges this thread's events while the wrapper runs
                 try:
                     out = fn(args)
@@ -166,6 +173,8 @@ def guard(run: RunContext, handle: Any, track: Any, fn: Any, module: Any, source
                     local.watch = previous
                 if watch.records:
                     return state.unchecked_refused(out, args)
+                if depths() != stacks:
+                    return state.unchecked_modes(stacks, out, args)
                 return out
             return state.checked_call(args)
 
@@ -292,8 +301,19 @@ class Verifier(Schedule):
             self._uninstall_logged(self.calls, _Problem(*self.watch.summary()))  # type: ignore[union-attr, misc]
         return self.original(args) if args else outputs
 
+    def unchecked_modes(self, depths: tuple[int, int], outputs: Any, args: list[Any]) -> Any:
+        """The wrapper's unchecked call changed the thread's mode-stack depths (R4: a dispatch mode left pushed makes
+        every later call, the original's shadow included, wrong alike): pop what it pushed, uninstall and quarantine;
+        the original serves the call if the argument list is intact."""
+        done, n = "; ".join(modes.pop_to(depths)), self.calls
+        if not self.failed:
+            self._uninstall_logged(n, _Problem("global_state", f"the installed wrapper changed this thread's torch mode "
+                                               f"stacks on unchecked call {n} (depths {depths} before it): {done}"))
+        return self.original(args) if args else outputs
+
     def unchecked(self, args: list[Any]) -> Any:
         """An unchecked call outside the verified entry's fast path (a check skipped or running in another thread)."""
+        stacks = modes.depths() if self.snapshot is not None else (0, 0)
         try:
             outputs = self._run(args)
         except Exception as exc:
@@ -302,6 +322,8 @@ class Verifier(Schedule):
             return self.original(args)
         if self.watch is not None and self.watch.records:
             return self.unchecked_refused(outputs, args)
+        if self.snapshot is not None and modes.depths() != stacks:
+            return self.unchecked_modes(stacks, outputs, args)
         return outputs
 
     def _run(self, args: list[Any]) -> Any:
@@ -338,7 +360,7 @@ class Verifier(Schedule):
             self._reschedule(n, None, None)
             return self.unchecked(args)
         if self.snapshot is not None:  # the state policy: also what changes while only the wrapper runs
-            shadow.window = StateWindow(str(self.device))
+            shadow.window = StateWindow(str(self.device), self.snapshot.classes.containers)
         before = self.leaks.before() if self.leaks is not None else None
         t0 = time.perf_counter()
         try:
@@ -512,6 +534,8 @@ class Verifier(Schedule):
         return type(shadow.outputs)(result) if isinstance(shadow.outputs, tuple) else result
 
     def _fail(self, n: int, shadow: _Shadow, outputs: Any, problem: _Problem) -> Any:
+        if shadow.window is not None and problem.check != "global_state":
+            shadow.window.restore()  # a mode the wrapper pushed must not outlive it, whatever failed first
         result = self._serve_original(shadow, outputs)
         try:
             self.uninstall(n, problem)
@@ -576,22 +600,3 @@ class Verifier(Schedule):
         except Exception:  # noqa: BLE001
             log.exception("tilesmith: uninstalling graph %s failed", self.label)
         return result
-
-
-def quarantine(run: RunContext, key: str, source: str, graph_name: str, reason: str) -> str:
-    """Quarantine the artifact of ``key`` with ``source`` in the cache (never served or stored again:
-    :meth:`tilesmith.cache.ArtifactStore.quarantine`); returns the sentence for the diagnostic."""
-    from tilesmith.cache import ArtifactStore
-
-    try:
-        store = ArtifactStore(settings.cache_root())
-        path = store.quarantine(key, source=source, graph_name=graph_name, run_id=getattr(run, "run_id", None),
-                                reason=reason[:2000])
-        for diag in store.take_problems():
-            run.record_diagnostic(diag)
-    except Exception as exc:  # noqa: BLE001
-        return f"Quarantining artifact {key[:12]} failed ({exc}); it may be served again."
-    if path is None:
-        return (f"Artifact {key[:12]} is not quarantined: the artifact cache is off "
-                "(TILESMITH_ARTIFACT_CACHE=0) or could not be written.")
-    return f"Artifact {key[:12]} is quarantined ({path}) and will not be served again."
