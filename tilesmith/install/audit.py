@@ -169,16 +169,38 @@ class ProductionRules(auditrules.Rules):
             if auditrules.under(os.path.realpath(filename), (self._inductor,)):
                 self.add_candidate(filename, watch)
 
-    def owner(self, frame: Any) -> Watch | None:
+    def owner(self, frame: Any, direct: bool = False) -> Watch | None:
         """The :class:`Watch` of the installed wrapper whose code is on the stack from ``frame`` outward (the
-        innermost such frame), else ``None``: one dictionary lookup per frame."""
-        get = self.owners.get
+        innermost such frame), else ``None``: one dictionary lookup per frame. ``direct``: stop at the first frame
+        outside the standard library (events refused only when the wrapper raised them itself: a short walk)."""
+        get, kind = self.owners.get, self.kind
         while frame is not None:
-            watch = get(frame.f_code.co_filename)
+            name = frame.f_code.co_filename
+            watch = get(name)
             if watch is not None:
                 return watch
+            if direct and kind(name) != TRANSPARENT:
+                return None
             frame = frame.f_back
         return None
+
+    @staticmethod
+    def walk_for(event: str, args: tuple[Any, ...]) -> int:
+        """How far a thread where no wrapper runs must look for the wrapper's frames: 0 (never refused here:
+        reads, listings), 1 (*direct* events: to the first frame outside the standard library), 2 (the stack).
+        Rationale: a walk materializes every frame (CPython 3.11: ~0.4 µs a frame); a data loader's reads and
+        torch's ``sys._getframe``/``exec`` calls must not pay for a whole stack."""
+        if event == "open":
+            mode = args[1] if len(args) > 1 else None
+            if mode is None:
+                flags = args[2] if len(args) > 2 else None
+                return 2 if flags.__class__ is not int or flags & _WRITE_FLAGS else 0
+            return 0 if mode in _READ_MODES else 2
+        if event in auditrules.LISTING:
+            return 0
+        if event in _DIRECT_ONLY or event.startswith(auditrules.NATIVE_PREFIXES):
+            return 1
+        return 2
 
     def kind(self, filename: str) -> int:
         kind = self.kinds.get(filename)
@@ -301,6 +323,13 @@ class ProductionRules(auditrules.Rules):
         raise PermissionError(self.refusal.format(event=event, check=check))
 
 
+_READ_MODES = frozenset({"r", "rb", "rt", "br", "tr"})
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+_DIRECT_ONLY = ((auditrules.DIRECT_INTROSPECTION | auditrules.NATIVE | auditrules.DIRECT_PROCESS)
+                - {"subprocess.Popen", "exec"})
+"""Events refused only when the wrapper's code raises them itself (a library's ``Popen`` is judged anywhere; ``exec`` walks
+the whole stack: a module executed under the wrapper's code becomes its code, :meth:`ProductionRules.note_code`)."""
+
 _RULES: ProductionRules | None = None
 _BUSY = Watch("(judging)")
 """``LOCAL.judging`` while the hook looks for a wrapper's frame (before it knows which)."""
@@ -327,6 +356,7 @@ def ensure_hook() -> ProductionRules:
         getframe = sys._getframe
         owners = rules.owners
         owner = rules.owner
+        walk_for = rules.walk_for
 
         def hook(event: str, args: tuple[Any, ...]) -> None:
             if event not in judged and not event.startswith(native):
@@ -336,11 +366,15 @@ def ensure_hook() -> ProductionRules:
             watch = local.watch
             if watch is None and not owners:
                 return
+            if watch is None:
+                reach = walk_for(event, args)
+                if not reach:
+                    return
             local.judging = _BUSY
             try:
                 frame = getframe(1)
                 if watch is None:
-                    watch = owner(frame)
+                    watch = owner(frame, reach == 1)
                     if watch is None:
                         return
                 local.judging = watch
