@@ -153,6 +153,8 @@ def guard(run: RunContext, handle: Any, track: Any, fn: Any, module: Any, source
         def verified_call(args: list[Any]) -> Any:
             state.calls += 1
             if state.calls < state.next_check:
+                if watch.records:  # refused outside its calls (a thread, a hook it left): not run again
+                    return state.refused_between_calls(args)
                 previous = local.watch
                 local.watch = watch  # the audit hook judges this thread's events while the wrapper runs
                 try:
@@ -291,6 +293,13 @@ class Verifier(Schedule):
         if not self.failed:
             self._uninstall_logged(self.calls, _Problem(*self.watch.summary()))  # type: ignore[union-attr, misc]
         return self.original(args) if args else outputs
+
+    def refused_between_calls(self, args: list[Any]) -> Any:
+        """The audit refused code of the wrapper's that ran outside its calls (on another thread, a hook it registered):
+        uninstall it before it runs again; the original serves this call."""
+        if not self.failed:
+            self._uninstall_logged(self.calls, _Problem(*self.watch.summary()))  # type: ignore[union-attr, misc]
+        return self.original(args)
 
     def unchecked(self, args: list[Any]) -> Any:
         """An unchecked call outside the verified entry's fast path (a check skipped or running in another thread)."""
