@@ -405,6 +405,14 @@ def test_compiler_arguments_allow_what_inductor_runs():
            "x-g++ -c x.cpp", "sh -c id", "openssl enc -in x", "ldconfig -C /tmp/c"]
     import shlex
 
+    try:  # Triton's bundled ptxas (CUDA kernels), through the virtual environment's site-packages
+        import triton
+
+        ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+        if os.path.exists(ptxas):
+            ok.append(f"{ptxas} -lineinfo -v --gpu-name=sm_90a /t/k.ptx -o /t/k.cubin")
+    except ImportError:
+        pass
     refused = {c: toolargs.problem(shlex.split(c))[0] for c in ok + bad}
     assert [c for c in ok if refused[c] is not None] == [], {c: refused[c] for c in ok}
     assert [c for c in bad if refused[c] is None] == []

@@ -83,6 +83,8 @@ def tool_roots() -> tuple[str, ...]:
     roots = ["/usr", "/bin", "/sbin", "/lib", "/lib64", "/opt", "/nix/store", sys.base_prefix, sys.prefix,
              sys.exec_prefix]
     roots += [os.environ[n] for n in ("CUDA_HOME", "CUDA_PATH", "ROCM_PATH") if os.environ.get(n)]
+    # site-packages folders by their real paths: a virtual environment's may link elsewhere (Triton's ptxas)
+    roots += [p for p in sys.path if isinstance(p, str) and ("site-packages" in p or "dist-packages" in p)]
     real = {os.path.realpath(r) for r in roots if r}
     bad = {"/", os.path.realpath(os.path.expanduser("~")), os.path.realpath("/tmp"), os.path.realpath("/var/tmp")}
     return tuple(r for r in real if r not in bad)
