@@ -13,7 +13,9 @@ Two measurements in one process:
 2. **Events.** Audit events the process raises for reasons unrelated to a wrapper, timed per event before the hook
    exists and after :func:`tilesmith.install.audit.ensure_hook` added it: ``open('/dev/null')`` in another thread
    (a data loader's file I/O: the hook reads one thread-local and returns), ``id()`` (the ``builtins.id`` event) on
-   an unarmed thread, and ``id()`` on an armed thread (an event the rules do not judge: one more set lookup).
+   an unarmed thread, and ``id()`` on an armed thread (an event the rules do not judge: one more set lookup); the
+   first two (and an ``open`` 30 frames deeper) again once a wrapper file is registered (``*_wrapper_installed``:
+   judged events on unarmed threads then walk the stack for the wrapper's frames).
    Reported: ns per event before and after, and the difference (medians over ``--repeats`` blocks).
 
 JSON on stdout (and to ``--out``).
@@ -61,11 +63,31 @@ def _events(n: int, repeats: int) -> dict[str, dict[str, float]]:
     def open_null() -> None:
         open("/dev/null", "rb").close()
 
+    def write_null() -> None:
+        open("/dev/null", "wb").close()
+
+    def deep(depth: int, leaf=open_null) -> None:
+        if depth:
+            deep(depth - 1, leaf)
+        else:
+            leaf()
+
     probe = object()
-    cases = {"open_other_thread": (open_null, max(1, n // 20), True), "id_unarmed": (lambda: id(probe), n, False)}
+    cases = {"open_other_thread": (open_null, max(1, n // 20), True), "id_unarmed": (lambda: id(probe), n, False),
+             "open_other_thread_30_frames_deeper": (lambda: deep(30), max(1, n // 20), True),
+             "write_other_thread_30_frames_deeper": (lambda: deep(30, write_null), max(1, n // 20), True)}
     before = {name: _per_event(fn, k, repeats, t) for name, (fn, k, t) in cases.items()}
     audit.ensure_hook()
     after = {name: _per_event(fn, k, repeats, t) for name, (fn, k, t) in cases.items()}
+    # With a wrapper installed, production judges events on unarmed threads by code origin (a walk of the stack
+    # looking for the wrapper's frames) where the hook once returned at once; the wrapper file here never runs.
+    try:
+        audit.add_wrapper_file("/nonexistent/bench_wrapper.py", audit.Watch("bench"))
+    except TypeError:  # the hook before code-origin judging (one argument)
+        audit.add_wrapper_file("/nonexistent/bench_wrapper.py")
+    for name, (fn, k, t) in cases.items():
+        after[name + "_wrapper_installed"] = _per_event(fn, k, repeats, t)
+        before[name + "_wrapper_installed"] = before[name]
     with audit.watching(audit.Watch("bench")):
         after["id_armed"] = _per_event(lambda: id(probe), n, repeats, False)
     before["id_armed"] = before["id_unarmed"]

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from tests import gate_support as gs
+from tests import verify_support as vs
 from tests.cheats import redteam_isolation as rt
 from tilesmith.gate.host.answers import failures_from_answer
 from tilesmith.gate.protocol import AUDIT_CHECKS
@@ -84,6 +85,8 @@ def audited(tmp_path_factory):
     secret.write_text("FAKE-SECRET-TOKEN\n")
     victim = outside / "victim.txt"
     victim.write_text("keep me\n")
+    (outside / "tools").mkdir()
+    vs.fake_tools(str(outside / "tools"), str(outside / "ran_tool"))
     cases = {name: textwrap.dedent(src).format(priv=str(priv), outside=str(outside), secret=str(secret),
                                                victim=str(victim), lib=str(lib))
              for name, src in CASES.items()}
@@ -98,6 +101,7 @@ def audited(tmp_path_factory):
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     result["_files"] = {"victim_exists": victim.exists(), "outside_written": (outside / "new.txt").exists(),
+                        "programs_ran": [p.name for p in outside.glob("ran_*")] + [p.name for p in outside.glob("*.o")],
                         "trusted": (priv / "trusted.py").read_text()}
     return result
 
@@ -131,6 +135,14 @@ CASES = {
     "subprocess": "import subprocess\nsubprocess.run(['true'], check=False)\n",
     "library_compiler": "import fakelib\nfakelib.run(['gcc', '--version'])\n",
     "library_other_process": "import fakelib\nfakelib.run(['true'])\n",
+    # R2: a compiler started by a library that runs another program, or a program posing as a compiler
+    "compiler_wrapper": "import fakelib\nfakelib.run(['g++', '-wrapper', '/bin/sh,-c,touch {outside}/ran_wrapper', "
+                        "'-x', 'c++', '-c', '/dev/null', '-o', {priv!r} + '/o.o'])\n",
+    "compiler_prefix": "import fakelib\nfakelib.run(['g++', '-B{outside}/tools/', '-x', 'c++', '-c', '/dev/null', "
+                       "'-o', {priv!r} + '/o2.o'])\n",
+    "compiler_named": "import fakelib\nfakelib.run([{outside!r} + '/tools/evil-g++', '-c', 'x.cpp'])\n",
+    "compiler_output_outside": "import fakelib\nfakelib.run(['g++', '-x', 'c++', '-c', '/dev/null', '-o', "
+                               "{outside!r} + '/compiled.o'])\n",
     "putenv": "import os\nos.environ['LD_PRELOAD'] = 'x'\n",
     "signal_parent": "import os\nos.kill(os.getppid(), 0)\n",
     "signal_self": "import os, signal\nos.kill(os.getpid(), signal.SIGCONT)\n",
@@ -148,6 +160,8 @@ CASES = {
     ("read_beside_metadata", "audit_file_read"),
     ("read_via_numpy", "audit_file_read"), ("read_other_process", "audit_file_read"),
     ("subprocess", "audit_process"), ("library_other_process", "audit_process"), ("putenv", "audit_process"),
+    ("compiler_wrapper", "audit_process"), ("compiler_prefix", "audit_process"), ("compiler_named", "audit_process"),
+    ("compiler_output_outside", "audit_file_write"),
     ("signal_parent", "audit_process"),
     ("socket", "audit_network"), ("ctypes", "audit_native"),
 ])
@@ -166,6 +180,7 @@ def test_allowed_actions_raise_no_audit_record(audited, case):
 def test_blocked_writes_change_nothing_on_disk(audited):
     files = audited["_files"]
     assert files["victim_exists"] and not files["outside_written"]
+    assert files["programs_ran"] == []  # R2: no compiler ran another program, none wrote outside
     assert files["trusted"] == "X = 1\n"
 
 
@@ -265,3 +280,33 @@ def test_work_left_in_inductors_compile_pool_is_a_global_state_failure():
     fails = global_failures({"pool_work": ["time.sleep (builtin)\x1b[2J"]}, "importing the candidate")
     assert [f.check for f in fails] == ["compile_pool"] and status_for(fails) == "rejected_global_state"
     assert "time.sleep" in fails[0].message and "\x1b" not in fails[0].message
+
+
+def test_worker_ends_without_running_candidate_code_at_teardown(tmp_path):
+    """R5 in the worker: a candidate's ``__del__`` or a suspended generator's ``finally`` run by the interpreter's
+    teardown, after the worker's last answer (the host closed its stdin, or sent ``exit``), when no record can reach
+    the host any more. The worker now ends without interpreter finalization (``__main__.leave``)."""
+    from tilesmith.gate.host.process import WorkerProcess
+
+    base = tmp_path / "base.pt"
+    torch.save([torch.zeros(2)], base)
+    (tmp_path / "w").mkdir()
+    source = ("import torch\n"  # kept on torch: alive until the modules are torn down
+              f"class _K:\n    def __del__(self):\n        open('{tmp_path}/ran_del', 'w').close()\n"
+              "torch._teardown_probe = _K()\n"
+              f"def _g():\n    try:\n        yield 1\n    finally:\n        open('{tmp_path}/ran_gen', 'w').close()\n"
+              "torch._teardown_gen = _g()\nnext(torch._teardown_gen)\n"
+              "def call(args):\n    return args\n")
+    worker = WorkerProcess(tmp_path / "w", label="teardown test", device_type="cpu")
+    try:
+        assert worker.wait_ready(180)["type"] == "ready"
+        answer = worker.request("init", 300, "init", role="candidate", device="cpu", base_inputs=str(base),
+                                allowed_imports={"modules": ["torch"]})
+        assert answer["ok"], answer
+        answer = worker.request("load", 300, "load", name="cand", source=source)
+        assert answer["ok"], answer
+        assert worker.request("exit", 60, "exit")["ok"]
+        assert worker.proc.wait(timeout=120) == 0
+    finally:
+        worker.kill()
+    assert sorted(p.name for p in tmp_path.glob("ran_*")) == []

@@ -220,18 +220,37 @@ def test_hook_rules_for_writes_into_the_compiler_caches(tmp_path, monkeypatch):
     assert {r["check"] for r in watch.records} == {"audit_file_write"} and len(watch.records) == 4, [r["detail"] for r in watch.records]
 
 
-def test_hook_judges_only_the_armed_thread(tmp_path):
-    module = _candidate_module(tmp_path, "cand_threads", "def write(path):\n    open(path, 'w').write('x')\n")
-    watch, done = audit.Watch("test"), []
-    other = threading.Thread(target=lambda: (module.write(tmp_path / "other.txt"), done.append(1)))
+def test_hook_judges_candidate_code_on_any_thread_and_library_code_only_on_the_armed_one(tmp_path):
+    """Code of an installed wrapper is judged wherever it runs (R6: another thread, R5/R7: outside its calls); code
+    that is not the wrapper's (this test file is a library here) is judged only while a wrapper runs on its thread
+    with wrapper code on the stack."""
+    watch = audit.Watch("test")
+    path = tmp_path / "cand_threads.py"
+    path.write_text("def write(path):\n    open(path, 'w').write('x')\n")
+    audit.add_wrapper_file(str(path), watch)
+    spec = importlib.util.spec_from_file_location("cand_threads", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    refused = []
+
+    def other():
+        try:
+            module.write(tmp_path / "other.txt")
+        except PermissionError:
+            refused.append("other")
+
+    thread = threading.Thread(target=other)
     with audit.watching(watch):
-        other.start()
-        other.join()
+        thread.start()
+        thread.join()
         with pytest.raises(PermissionError):
             module.write(tmp_path / "armed.txt")
-    module.write(tmp_path / "disarmed.txt")
-    assert done and (tmp_path / "other.txt").exists() and (tmp_path / "disarmed.txt").exists()
-    assert not (tmp_path / "armed.txt").exists() and len(watch.records) == 1
+    with pytest.raises(PermissionError):
+        module.write(tmp_path / "disarmed.txt")
+    _library_write(tmp_path / "library.txt")  # no wrapper frame: never judged
+    assert refused == ["other"] and (tmp_path / "library.txt").exists()
+    assert not any((tmp_path / n).exists() for n in ("other.txt", "armed.txt", "disarmed.txt"))
+    assert len(watch.records) == 3, watch.records
 
 
 # -- Inductor's compile pool -------------------------------------------------------------------------------------
@@ -347,3 +366,158 @@ def test_honest_wrapper_compiling_a_new_cpp_kernel_at_import_is_not_refused(stan
     assert max(errors) < 1e-5
     assert v is not None and not v.failed and v.checks == 4, tilesmith.diagnostics(compiled)
     assert v.watch is not None and v.watch.records == []
+
+
+# -- red team round 2: compilers that run programs (R2); code that runs outside the wrapper's calls (R5-R7) ---------
+@pytest.mark.parametrize("kind", ["wrapper", "prefix", "named", "exact"])
+def test_compiler_command_that_runs_another_program_is_refused(stand_in_gate, monkeypatch, tmp_path, kind):
+    """R2: ``run_compile_cmd("g++ -wrapper /bin/sh,-c,...")`` ran ``sh`` as g++'s child; ``-B<folder>`` makes g++ run
+    a ``cc1plus`` from there; ``evil-g++`` and an executable named ``g++`` in a temporary folder are not compilers."""
+    marker, tools = tmp_path / "ran", tmp_path / "tools"
+    tools.mkdir()
+    vs.fake_tools(str(tools), str(marker))
+    code = vs.run_compiler(vs.compiler_cmd_line(kind, str(marker), str(tools)))
+    compiled = _compile(vs.outside_gate(code, 1), "first=8,every=off,interval=off", monkeypatch)
+    errors = _drive(compiled, 1 + 2)
+    assert max(errors) < 1e-5 and not marker.exists(), "the compiler ran another program"
+    message = _failure(compiled).message
+    assert "call 1 since install" in message and "audit_process: subprocess.Popen" in message, message
+    assert "started by a library" in message and _handle(compiled).state == "uninstalled"
+
+
+def test_compiler_arguments_allow_what_inductor_runs():
+    """Every command torch 2.11's cpp_builder ran on this machine (kernels, cpp_wrapper, the precompiled-header step)
+    passes; the dangerous spellings do not."""
+    from tilesmith.gate import toolargs
+
+    torch_inc = os.path.join(os.path.dirname(torch.__file__), "include")
+    kernel = (f"g++ /c/x.cpp -D TORCH_INDUCTOR_CPP_WRAPPER -D STANDALONE_TORCH_HEADER -D CPU_CAPABILITY_AVX512 -O3 "
+              f"-DNDEBUG -fno-trapping-math -funsafe-math-optimizations -ffp-contract=off -fexcess-precision=fast "
+              f"-fno-tree-loop-vectorize -march=native -shared -fPIC -Wall -std=c++17 -Wno-unused-variable -pedantic "
+              f"-fopenmp -include /c/precompiled_headers/h.h -I{torch_inc} -mavx512f -mamx-tile -o /c/x.so -ltorch "
+              f"-lgomp -L/usr/lib")
+    ok = [kernel, "g++ --version", "g++ -v", "openssl sha512 /tmp/h.i", "g++ /t/header.hpp -O3 -fPIC -E -P -o /t/h.i",
+          "gcc -Wl,-t -o /tmp/x -lc", "cc main.c -O3 -shared -fPIC -Wno-psabi -o /c/l.so -lcuda -L/usr/lib -I/usr/include",
+          "g++ -x c++-header h.h -o h.gch", "g++-12 -c x.cpp", "/sbin/ldconfig -p"]
+    bad = ["g++ -wrapper /bin/sh,-c,id x.cpp", "g++ -B/tmp/t x.cpp", "g++ -fplugin=/tmp/p.so x.cpp",
+           "g++ -specs=/tmp/s x.cpp", "g++ @/tmp/args", "g++ -fuse-ld=/tmp/ld x.cpp", "g++ -Wl,-plugin,/tmp/p.so x.o",
+           "g++ -Xlinker --plugin -Xlinker /tmp/p.so x.o", "g++ --sysroot=/tmp x.cpp", "g++ -Wp,-x x.c",
+           "x-g++ -c x.cpp", "sh -c id", "openssl enc -in x", "ldconfig -C /tmp/c"]
+    import shlex
+
+    try:  # Triton's bundled ptxas (CUDA kernels), through the virtual environment's site-packages
+        import triton
+
+        ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+        if os.path.exists(ptxas):
+            ok.append(f"{ptxas} -lineinfo -v --gpu-name=sm_90a /t/k.ptx -o /t/k.cubin")
+    except ImportError:
+        pass
+    refused = {c: toolargs.problem(shlex.split(c))[0] for c in ok + bad}
+    assert [c for c in ok if refused[c] is not None] == [], {c: refused[c] for c in ok}
+    assert [c for c in bad if refused[c] is None] == []
+    assert toolargs.problem(["g++", "-c", "x.cpp"], {**os.environ, "LD_PRELOAD": "/tmp/x.so"},
+                            {k: os.environ.get(k) for k in toolargs.RISKY_ENV})[0] is not None
+
+
+@pytest.mark.parametrize("how", ["executor", "event", "inductor_pool"])
+def test_wrapper_code_on_another_thread_is_judged(stand_in_gate, monkeypatch, tmp_path, how):
+    """R6: the wrapper's code wrote from a pool thread and waited for it within its call; the thread was not armed."""
+    from torch._inductor import config
+
+    marker = tmp_path / "written"
+    with config.patch(compile_threads=2):
+        if how == "inductor_pool":
+            from torch._inductor.async_compile import AsyncCompile
+
+            AsyncCompile.pool().submit(abs, 1).result()  # the pool's thread exists: the wrapper starts none
+        compiled = _compile(vs.other_thread(how, str(marker)), "first=8,every=off,interval=off", monkeypatch)
+        errors = _drive(compiled, 1 + 2)
+    assert max(errors) < 1e-5 and not marker.exists(), "the wrapper wrote from another thread"
+    message = _failure(compiled).message
+    assert f"audit_file_write: open for writing '{marker}'" in message and "in _write" in message, message
+    assert "call 1 since install" in message and _handle(compiled).state == "uninstalled", message
+
+
+@pytest.mark.parametrize("how", ["logging", "warnings"])
+def test_hook_the_wrapper_registered_is_judged_when_it_runs_later(stand_in_gate, monkeypatch, tmp_path, how):
+    """R7: code the wrapper registered at import (a logging handler, a warnings hook) runs later, outside its calls,
+    when the user's program logs or warns; it is refused there and the wrapper is uninstalled at its next call."""
+    import logging
+    import warnings
+
+    marker = tmp_path / "written"
+    handlers, show = list(logging.getLogger().handlers), warnings.showwarning
+    try:
+        # state=off: a replaced warnings.showwarning is also a global-state change, caught at the first check
+        compiled = _compile(vs.later_hook(how, str(marker)), "first=1,every=off,interval=off,state=off", monkeypatch)
+        errors = _drive(compiled, 1 + 1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            try:
+                if how == "logging":
+                    logging.getLogger("tilesmith_test_app").warning("the user's program logs")
+                else:
+                    warnings.warn("the user's program warns", UserWarning, stacklevel=1)
+            except PermissionError:
+                pass
+        assert not marker.exists(), "the wrapper's hook wrote outside its calls"
+        errors += _drive(compiled, 1)
+    finally:
+        logging.getLogger().handlers[:] = handlers
+        warnings.showwarning = show
+    assert max(errors) < 1e-5
+    handle = _handle(compiled)
+    message = _failure(compiled).message
+    assert handle.state == "uninstalled" and f"audit_file_write: open for writing '{marker}'" in message, message
+
+
+_EXIT_SPELLINGS = {
+    "del": "class _K:\n    def __del__(self, _os=_os):\n        _os.system('touch {m}')\n_k = _K()\n",
+    "finalize": "import weakref\nclass _O:\n    pass\n_o = _O()\ndef _f(_os=_os):\n    _os.system('touch {m}')\n"
+                "weakref.finalize(_o, _f)\n",
+    "atexit": "import atexit\natexit.register(lambda _os=_os: _os.system('touch {m}'))\n",
+    "generator": "def _g(_os=_os):\n    try:\n        yield 1\n    finally:\n        _os.system('touch {m}')\n"
+                 "_gen = _g()\nnext(_gen)\n",
+}
+
+_EXIT_CHILD = """
+import importlib.util, sys
+if sys.argv[2] == "hooked":
+    from tilesmith.install import audit
+    audit.add_wrapper_file(sys.argv[1], audit.Watch("exit test"))  # as the installer does after the import
+spec = importlib.util.spec_from_file_location("cand_exit", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+sys.modules["cand_exit"] = module
+spec.loader.exec_module(module)
+"""
+
+
+@pytest.fixture(scope="module")
+def exit_markers(tmp_path_factory):
+    """R5: one wrapper module with every spelling of code that runs at interpreter exit, run in a child interpreter
+    with production's hook (the module an installed wrapper's file) and, as a control, without it."""
+    import subprocess
+    import sys
+
+    root = tmp_path_factory.mktemp("exit")
+    out = {}
+    for mode in ("hooked", "control"):
+        folder = root / mode
+        folder.mkdir()
+        source = "import os as _os\n" + "".join(s.format(m=folder / name) for name, s in _EXIT_SPELLINGS.items())
+        (folder / "cand_exit.py").write_text(source)
+        env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        proc = subprocess.run([sys.executable, "-c", _EXIT_CHILD, str(folder / "cand_exit.py"), mode], env=env,
+                              capture_output=True, text=True, timeout=300, check=False)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        out[mode] = {name: (folder / name).exists() for name in _EXIT_SPELLINGS}
+    return out
+
+
+@pytest.mark.parametrize("how", list(_EXIT_SPELLINGS))
+def test_wrapper_code_at_interpreter_exit_is_refused(exit_markers, how):
+    """``__del__`` (run after CPython 3.11 clears the audit hooks), ``weakref.finalize``, ``atexit`` and a suspended
+    generator's ``finally``: each runs ``touch`` without the hook (control) and is refused with it."""
+    assert exit_markers["control"][how], "the spelling does not run at exit"
+    assert not exit_markers["hooked"][how], "the wrapper's code ran a program at interpreter exit"

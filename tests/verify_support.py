@@ -9,6 +9,7 @@ boxed-call ABI (it receives the argument list and Inductor's ``call`` clears it)
 
 from __future__ import annotations
 
+import os
 import textwrap
 
 import pytest
@@ -352,3 +353,65 @@ def fresh_cpp_kernel(tag: str):
         return honest()(text.replace(anchor, anchor + f"// {tag}\n"))
 
     return edit
+
+
+# -- red team round 2 (R2, R5-R7): compilers that run programs, code that runs outside the wrapper's calls ----------
+def compiler_cmd_line(kind: str, marker: str, folder: str) -> str:
+    """A compiler command line for ``run_compile_cmd`` that makes the compiler (or what poses as one) create
+    ``marker``: ``wrapper`` (``g++ -wrapper /bin/sh,-c,...``: the red team's R2), ``prefix`` (``-B<folder>``, where
+    ``folder`` holds a ``cc1plus`` script), ``named`` (an executable ``evil-g++`` in ``folder``), ``exact`` (an
+    executable named exactly ``g++`` in ``folder``). :func:`fake_tools` writes the scripts."""
+    out = os.path.join(folder, "o.o")
+    return {"wrapper": f"g++ -wrapper '/bin/sh,-c,touch {marker}' -x c++ -c /dev/null -o {out}",
+            "prefix": f"g++ -B{folder}/ -x c++ -c /dev/null -o {out}",
+            "named": f"{folder}/evil-g++ -c x.cpp",
+            "exact": f"{folder}/g++ -c x.cpp"}[kind]
+
+
+def fake_tools(folder: str, marker: str) -> None:
+    """Scripts in ``folder`` that create ``marker`` when run: ``cc1plus`` (found by ``g++ -B``), ``evil-g++``, ``g++``."""
+    for name in ("cc1plus", "evil-g++", "g++"):
+        path = os.path.join(folder, name)
+        with open(path, "w") as handle:
+            handle.write(f"#!/bin/sh\ntouch {marker}\n")
+        os.chmod(path, 0o755)
+
+
+def run_compiler(cmd_line: str) -> str:
+    """Module or call code: ``cmd_line`` through Inductor's own compiler runner (errors of the compiler ignored)."""
+    return ("from torch._inductor.cpp_builder import run_compile_cmd as _rcc\n"
+            f"try:\n    _rcc({cmd_line!r}, None)\nexcept Exception as _e:\n"
+            "    if isinstance(_e, PermissionError):\n        raise\n")
+
+
+def other_thread(how: str, marker: str):
+    """Honest results; at its first call outside the gate it has code of its own write ``marker`` on another thread
+    and waits for it within the call (the red team's R6): ``executor`` (its own ``ThreadPoolExecutor``, ``.result()``),
+    ``event`` (a ``threading.Thread`` started at import, waiting on an ``Event`` the call sets), ``inductor_pool``
+    (Inductor's compile pool, whose thread already exists: no thread is started)."""
+    write = f"def _write():\n    open({marker!r}, 'w').write('x')\n"
+    if how == "event":
+        prelude = (write + "import threading as _th\n_go, _done = _th.Event(), _th.Event()\n"
+                   "def _waiter():\n    _go.wait()\n    try:\n        _write()\n    finally:\n        _done.set()\n"
+                   "if not _IN_GATE:\n    _th.Thread(target=_waiter, daemon=True).start()\n")
+        return rebind_call("_n[0] += 1\nif not _IN_GATE and _n[0] == 1:\n    _go.set()\n    _done.wait(10)\n"
+                           "return _inner(args)", prelude=SNIFF + prelude)
+    submit = {"executor": "from concurrent.futures import ThreadPoolExecutor as _TPE\n"
+                          "with _TPE(1) as _ex:\n    _ex.submit(_write).result()\n",
+              "inductor_pool": "from torch._inductor.async_compile import AsyncCompile as _AC\n"
+                               "_AC.pool().submit(_write).result()\n"}[how]
+    return rebind_call(f"_n[0] += 1\nif not _IN_GATE and _n[0] == 1:\n" + textwrap.indent(submit, "    ")
+                       + "return _inner(args)", prelude=SNIFF + write)
+
+
+def later_hook(how: str, marker: str):
+    """Honest results; at import, outside the gate, it registers code of its own that runs later, outside its calls,
+    and writes ``marker`` (the red team's R7): ``logging`` (a ``logging.Handler`` subclass
+    on the root logger, its ``emit`` writes), ``warnings`` (``warnings.showwarning`` replaced)."""
+    code = {"logging": ("import logging as _lg\nclass _H(_lg.Handler):\n"
+                        f"    def emit(self, record):\n        open({marker!r}, 'w').write(record.getMessage())\n"
+                        "_lg.getLogger().addHandler(_H())\n"),
+            "warnings": ("import warnings as _w\n"
+                         f"def _show(*a, **k):\n    open({marker!r}, 'w').write(str(a[0]))\n"
+                         "_w.showwarning = _show\n")}[how]
+    return outside_gate_at_import(code)

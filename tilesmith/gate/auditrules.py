@@ -17,6 +17,10 @@ library, frozen modules, pseudo-files such as ``<string>`` — or ``LIBRARY``, e
   outside the allowed folders, sockets, tracing, ``gc`` walks). This catches laundering through a library
   (``numpy.savetxt``, ``codecache.write_atomic``, ``cpp_builder.run_compile_cmd``).
 
+A process a library starts under candidate code runs only when it is a known compiler at a system path whose
+arguments and environment cannot make it run another program or load code, and whose outputs the write rule allows
+(:meth:`Rules.library_process`, :mod:`tilesmith.gate.toolargs`).
+
 Event names: the CPython 3.11/3.12 audit events table (https://docs.python.org/3/library/audit_events.html).
 Check ids: :data:`tilesmith.gate.protocol.AUDIT_CHECKS`.
 
@@ -26,9 +30,10 @@ Imported by the worker before torch: standard library only.
 from __future__ import annotations
 
 import os
-import re
 import sys
 from typing import Any
+
+from tilesmith.gate import toolargs
 
 MAX_RECORDS = 24
 """Records one hook keeps per drain (the worker) or per installed wrapper (production)."""
@@ -68,35 +73,13 @@ JUDGED = frozenset(DIRECT_INTROSPECTION | ANYWHERE_INTROSPECTION | {"open"} | se
 """Every event :meth:`Rules.judge` may act on, besides the ``ctypes.*`` prefixes: a hook returns at once for the
 rest (``builtins.id``, ``import``, ``os.listxattr``...)."""
 
-#: Executables a library may start under candidate code (Inductor's C++ build, Triton's ptxas/cc).
-#: Rationale: torch 2.11 ``cpp_builder._run_compile_cmd`` and Triton's nvidia backend spawn these while the
-#: candidate's kernels compile at import; their arguments are not checked (native code is a residual risk).
-#: ``openssl``: torch 2.11 ``codecache._precompile_header`` hashes the preprocessed header with ``openssl sha512``
-#: at the first C++ kernel build of a process, which in a candidate worker is the candidate's (the original is
-#: never loaded there).
-COMPILERS = frozenset({"g++", "gcc", "c++", "cc", "clang", "clang++", "icx", "icpx", "nvcc", "ptxas", "nvlink",
-                       "fatbinary", "cuobjdump", "nvdisasm", "ld", "ld.lld", "ld.gold", "objcopy", "ar", "hipcc",
-                       "ldconfig", "ccache", "openssl"})
-
-_VERSION_SUFFIX = re.compile(r"-\d+(\.\d+)*$")
-
 CANDIDATE, TRANSPARENT, LIBRARY = 1, 2, 3
 
 
-def is_compiler(args: Any) -> bool:
-    """``g++``, ``/usr/bin/gcc-12``, ``x86_64-linux-gnu-g++``, ``ptxas-blackwell``: a known compiler tool; or
-    ``openssl sha512 <file>``, the checksum torch 2.11's ``codecache._precompile_header`` takes of a precompiled
-    C++ header (Inductor's C++ host wrapper builds one), and nothing else openssl can do."""
-    try:
-        argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
-        name = os.path.basename(os.fsdecode(argv[0]).split()[0])
-    except (TypeError, IndexError, ValueError):
-        return False
-    if name == "openssl":
-        return len(argv) == 3 and os.fsdecode(argv[1]) == "sha512"
-    name = _VERSION_SUFFIX.sub("", name)
-    parts = name.split("-")
-    return name in COMPILERS or parts[0] in COMPILERS or parts[-1] in COMPILERS
+def is_compiler(args: Any, env: Any = None) -> bool:
+    """A known compiler at a system path whose arguments cannot run another program (:mod:`tilesmith.gate.toolargs`;
+    ``env``: the Popen's environment)."""
+    return toolargs.problem(args, env)[0] is None
 
 
 def popen_argv(args: tuple[Any, ...]) -> Any:
@@ -166,6 +149,13 @@ class Rules:
     """
 
     check_reads = True
+    env_baseline: dict[str, str | None] | None = None
+    """The compiler-relevant environment when the hook was added (:data:`tilesmith.gate.toolargs.RISKY_ENV`): a
+    compiler a library starts must see the same (``snapshot_env``)."""
+    _tool_roots: tuple[str, ...] | None = None
+
+    def snapshot_env(self) -> None:
+        self.env_baseline = {k: os.environ.get(k) for k in toolargs.RISKY_ENV}
     refusal = "tilesmith gate: {event} is not allowed in a candidate wrapper ({check})"
 
     def kind(self, filename: str) -> int:  # pragma: no cover - abstract
@@ -279,8 +269,8 @@ class Rules:
                 return None
             if direct:
                 check, detail = "audit_process", self.process_detail(event, args, "")
-            elif event == "subprocess.Popen" and not is_compiler(popen_argv(args)):
-                check, detail = "audit_process", self.process_detail(event, args, " (started by a library)")
+            elif event == "subprocess.Popen":
+                check, detail = self.library_process(args)
         elif event in ANYWHERE_PROCESS:
             if self.own_signal(event, args):
                 return None
@@ -299,6 +289,24 @@ class Rules:
         if check is None or where is None:
             return None
         return check, detail or event, where
+
+    def library_process(self, args: tuple[Any, ...]) -> tuple[str | None, str | None]:
+        """A ``subprocess.Popen`` a library started under candidate code: ``(check, detail)`` when refused, else
+        ``(None, None)``. Allowed: a known compiler at a system path, with arguments and an environment that cannot
+        run another program or load code (:func:`tilesmith.gate.toolargs.problem`), whose output files
+        (``-o``, ``-MF``) the write rule allows (:meth:`writable`, as a library's write)."""
+        env = args[3] if len(args) > 3 else None
+        if self._tool_roots is None:
+            self._tool_roots = toolargs.tool_roots()
+        why, outputs = toolargs.problem(popen_argv(args), env, self.env_baseline, self._tool_roots)
+        if why is not None:
+            return "audit_process", self.process_detail("subprocess.Popen", args, f" (started by a library; {why})")
+        cwd = args[2] if len(args) > 2 and args[2] else None
+        for out in outputs:
+            real = self.resolve(os.path.join(os.fsdecode(cwd), out) if cwd else out)
+            if real and not self.writable(real, "open", False):
+                return "audit_file_write", f"a compiler's output {real!r} ({short(args)[:120]})"
+        return None, None
 
     def process_detail(self, event: str, args: tuple[Any, ...], how: str) -> str:
         """The detail of an ``audit_process`` record (the worker's form: the event, how, the arguments)."""

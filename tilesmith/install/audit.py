@@ -8,16 +8,22 @@ those only inside the worker. This module applies the same rules (:mod:`tilesmit
 process:
 
 * :func:`ensure_hook` adds **one** process-wide ``sys.addaudithook`` hook, the first time Tilesmith installs a
-  wrapper (PEP 578: it cannot be removed). It is **armed per thread**: :func:`watching` (the wrapper's import,
+  wrapper (PEP 578: it cannot be removed). It judges an event (only the kinds the rules judge: one set lookup
+  filters the rest) in two cases. **Armed thread**: :func:`watching` (the wrapper's import,
   :mod:`tilesmith.install.installer`) and the verified entry (every call, checked or not,
-  :func:`tilesmith.install.verify.guard`) set the calling thread's :class:`Watch` in :data:`LOCAL` and put the
-  previous value back afterwards. Unarmed, the hook reads one thread-local attribute and returns: other threads
-  (a data loader's file I/O, the user's own compilations) are never judged.
-* While armed, an event is judged when it is raised by code of an installed wrapper, with the worker's
-  attribution rule (*direct*: the first frame outside the standard library is the wrapper's; *anywhere*: a frame
-  of the wrapper is on the stack). **Candidate frames** are frames whose code file is an installed wrapper's file
-  or a module that Python code executed (``exec``) from Inductor's cache folder while a wrapper was armed: the
-  kernel modules Inductor loads for it (Triton kernels) and anything else it loads through ``PyCodeCache``.
+  :func:`tilesmith.install.verify.guard`) set the calling thread's :class:`Watch` in :data:`LOCAL`. **Code origin**:
+  on any other thread, or outside any call, a frame of an installed wrapper's code is on the stack
+  (:meth:`ProductionRules.owner`: one dictionary lookup per frame). Rule: what the wrapper's code does is judged
+  wherever and whenever it runs. Why: the red team's round 2 ran wrapper code where no thread was armed — a task on
+  a pool thread waited for within the call (R6), a logging handler or warnings hook run later by the user's code
+  (R7), a ``__del__`` at interpreter exit (R5). A data loader's file I/O and the user's own compilations carry no
+  wrapper frame and are never judged. At exit, :func:`_at_exit` disarms the wrapper's ``__del__`` methods and
+  generators before CPython clears the hooks (:mod:`tilesmith.install.exitguard`).
+* An event is judged with the worker's attribution rule (*direct*: the first frame outside the standard library is
+  the wrapper's; *anywhere*: a frame of the wrapper is on the stack). **Candidate frames** are frames whose code file
+  is an installed wrapper's file or a module that Python code executed (``exec``) from Inductor's cache folder under
+  a wrapper: the kernel modules Inductor loads for it (Triton kernels) and anything else it loads through
+  ``PyCodeCache``. Each belongs to its wrapper's :class:`Watch` (:attr:`ProductionRules.owners`).
 * A refused event raises ``PermissionError`` inside the event (the side effect does not happen) and is recorded on
   the wrapper's :class:`Watch`; the caller uninstalls the graph (``verification_failed``, docs/verification.md).
 
@@ -31,8 +37,9 @@ What is refused (the worker's events; ``check`` ids of :data:`tilesmith.gate.pro
   excepted, as in the worker). Temporary folders a library creates under ``tempfile.gettempdir()`` while armed
   (``tempfile.mkdtemp``: Inductor's precompiled-header step) are writable, with what is inside them.
 * ``audit_process``: every process started by the wrapper's code (direct); processes started by a library that are
-  not compilers (anywhere: ``run_compile_cmd('sh ...')``), ``os.system``, ``fork``, signals (to this process too:
-  in the user's process a signal is not just a crash of a worker).
+  not a known compiler at a system path with safe arguments (anywhere: ``run_compile_cmd('sh ...')``,
+  ``g++ -wrapper``: :mod:`tilesmith.gate.toolargs`), ``os.system``, ``fork``, signals (to this process too: in the
+  user's process a signal is not just a crash of a worker).
 * ``audit_network`` (anywhere), ``audit_native`` (direct ``ctypes`` and ``mmap``), ``audit_introspection``
   (direct ``sys._getframe``, ``compile``/``exec``, ``code.__new__``...; anywhere ``gc`` walks, tracing,
   ``sys._current_frames``, ``sys.addaudithook``).
@@ -45,6 +52,7 @@ Cost: docs/verification.md ("Cost"); ``bench/prod_audit_cost.py`` measures it.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import sys
@@ -113,6 +121,7 @@ def _short_file(path: str) -> str:
 
 class _Local(threading.local):
     watch: Watch | None = None
+    judging: Watch | None = None
 
 
 LOCAL = _Local()
@@ -129,6 +138,10 @@ class ProductionRules(auditrules.Rules):
 
     def __init__(self) -> None:
         self.candidates: set[str] = set()
+        self.owners: dict[str, Watch] = {}
+        """Candidate code file (as compiled, and its real path) → the :class:`Watch` of the wrapper it belongs to."""
+        self.exiting = False
+        self.snapshot_env()
         self.kinds: dict[str, int] = {}
         self.stdlib = auditrules.stdlib_roots()
         self.site = tuple({os.path.realpath(p) for p in auditrules.site_dirs()})
@@ -140,18 +153,54 @@ class ProductionRules(auditrules.Rules):
         self._inductor = ""
 
     # -- candidate files ------------------------------------------------------------------------------------
-    def add_candidate(self, filename: str) -> None:
+    def add_candidate(self, filename: str, watch: Watch | None = None) -> None:
         for name in {filename, os.path.realpath(filename)}:
             self.candidates.add(name)
             self.kinds.pop(name, None)
+            if watch is not None:
+                self.owners.setdefault(name, watch)
 
-    def note_code(self, args: tuple[Any, ...]) -> None:
-        """An ``exec`` while armed: a module executed from Inductor's cache folder becomes a candidate file."""
+    def note_code(self, args: tuple[Any, ...], watch: Watch) -> None:
+        """An ``exec`` under a wrapper (armed, or with its code on the stack): a module executed from Inductor's cache
+        folder becomes a candidate file of ``watch``'s wrapper."""
         filename = getattr(args[0] if args else None, "co_filename", None)
         if isinstance(filename, str) and filename not in self.candidates and not filename.startswith("<"):
             self.roots()
             if auditrules.under(os.path.realpath(filename), (self._inductor,)):
-                self.add_candidate(filename)
+                self.add_candidate(filename, watch)
+
+    def owner(self, frame: Any, direct: bool = False) -> Watch | None:
+        """The :class:`Watch` of the installed wrapper whose code is on the stack from ``frame`` outward (the
+        innermost such frame), else ``None``: one dictionary lookup per frame. ``direct``: stop at the first frame
+        outside the standard library (events refused only when the wrapper raised them itself: a short walk)."""
+        get, kind = self.owners.get, self.kind
+        while frame is not None:
+            name = frame.f_code.co_filename
+            watch = get(name)
+            if watch is not None:
+                return watch
+            if direct and kind(name) != TRANSPARENT:
+                return None
+            frame = frame.f_back
+        return None
+
+    @staticmethod
+    def walk_for(event: str, args: tuple[Any, ...]) -> int:
+        """How far a thread where no wrapper runs must look for the wrapper's frames: 0 (never refused here:
+        reads, listings), 1 (*direct* events: to the first frame outside the standard library), 2 (the stack).
+        Rationale: a walk materializes every frame (CPython 3.11: ~0.4 µs a frame); a data loader's reads and
+        torch's ``sys._getframe``/``exec`` calls must not pay for a whole stack."""
+        if event == "open":
+            mode = args[1] if len(args) > 1 else None
+            if mode is None:
+                flags = args[2] if len(args) > 2 else None
+                return 2 if flags.__class__ is not int or flags & _WRITE_FLAGS else 0
+            return 0 if mode in _READ_MODES else 2
+        if event in auditrules.LISTING:
+            return 0
+        if event in _DIRECT_ONLY or event.startswith(auditrules.NATIVE_PREFIXES):
+            return 1
+        return 2
 
     def kind(self, filename: str) -> int:
         kind = self.kinds.get(filename)
@@ -274,12 +323,27 @@ class ProductionRules(auditrules.Rules):
         raise PermissionError(self.refusal.format(event=event, check=check))
 
 
+_READ_MODES = frozenset({"r", "rb", "rt", "br", "tr"})
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+_DIRECT_ONLY = ((auditrules.DIRECT_INTROSPECTION | auditrules.NATIVE | auditrules.DIRECT_PROCESS)
+                - {"subprocess.Popen", "exec"})
+"""Events refused only when the wrapper's code raises them itself (a library's ``Popen`` is judged anywhere; ``exec`` walks
+the whole stack: a module executed under the wrapper's code becomes its code, :meth:`ProductionRules.note_code`)."""
+
 _RULES: ProductionRules | None = None
+_BUSY = Watch("(judging)")
+"""``LOCAL.judging`` while the hook looks for a wrapper's frame (before it knows which)."""
 _SETUP = threading.Lock()
 
 
 def ensure_hook() -> ProductionRules:
-    """Add the process's production audit hook if it is not there yet (once per process) and return its rules."""
+    """Add the process's production audit hook if it is not there yet (once per process) and return its rules.
+
+    The hook judges an event when the thread is armed for a wrapper (:func:`watching`: its import or a call) **or**
+    when code of an installed wrapper is on the thread's stack (:meth:`ProductionRules.owner`), on any thread at any
+    time: a finalizer, an ``atexit`` or ``weakref.finalize`` callback, a logging handler or warnings hook the wrapper
+    registered, a task it left in a pool (the red team's R5-R7). Only the events the rules judge get that far
+    (:data:`tilesmith.gate.auditrules.JUDGED`): for the rest the hook returns after one set lookup."""
     global _RULES
     with _SETUP:
         if _RULES is not None:
@@ -290,35 +354,64 @@ def ensure_hook() -> ProductionRules:
         judged = auditrules.JUDGED
         native = auditrules.NATIVE_PREFIXES
         getframe = sys._getframe
+        owners = rules.owners
+        owner = rules.owner
+        walk_for = rules.walk_for
 
         def hook(event: str, args: tuple[Any, ...]) -> None:
-            watch = local.watch
-            if watch is None:
-                return
             if event not in judged and not event.startswith(native):
                 return
-            local.watch = None  # events the judgement itself raises are not judged
-            local.judging = watch
+            if local.judging is not None:
+                return  # events the judgement itself raises (sys._getframe included) are not judged
+            watch = local.watch
+            if watch is None and not owners:
+                return
+            if watch is None:
+                reach = walk_for(event, args)
+                if not reach:
+                    return
+            local.judging = _BUSY
             try:
+                frame = getframe(1)
+                if watch is None:
+                    watch = owner(frame, reach == 1)
+                    if watch is None:
+                        return
+                local.judging = watch
                 if event == "exec":
-                    rules.note_code(args)
-                rules.judge_for(watch, event, args, getframe(1))
+                    rules.note_code(args, watch)
+                rules.judge_for(watch, event, args, frame)
             except PermissionError:
                 raise
             except Exception:  # noqa: BLE001 - a fault of the judgement must not break the user's call
                 pass
             finally:
-                local.watch = watch
+                local.judging = None
 
         sys.addaudithook(hook)
+        atexit.register(_at_exit, rules)
         _RULES = rules
         return rules
 
 
-def add_wrapper_file(filename: str | None) -> None:
-    """Mark ``filename`` (an installed wrapper's ``__file__``) as candidate code."""
+def _at_exit(rules: ProductionRules) -> None:
+    """Last ``atexit`` callback of the process (registered before any wrapper's import, so it runs after theirs):
+    CPython 3.11 clears the audit hooks after the ``atexit`` callbacks and *before* it tears the modules down, so a
+    wrapper's ``__del__`` or a suspended generator's ``finally`` would then run unaudited. They are made harmless
+    here, while the hook still judges (:mod:`tilesmith.install.exitguard`)."""
+    rules.exiting = True
+    from tilesmith.install import exitguard
+
+    try:
+        exitguard.disarm(set(rules.owners))
+    except Exception:  # noqa: BLE001 - never break the process's exit
+        pass
+
+
+def add_wrapper_file(filename: str | None, watch: Watch | None = None) -> None:
+    """Mark ``filename`` (an installed wrapper's ``__file__``) as candidate code of ``watch``'s wrapper."""
     if filename:
-        ensure_hook().add_candidate(filename)
+        ensure_hook().add_candidate(filename, watch)
 
 
 @contextlib.contextmanager
@@ -374,7 +467,7 @@ def import_findings(prep: Any, module: Any = None) -> tuple[str, str] | None:
     if prep is None or prep.watch is None:
         return None
     if module is not None:
-        add_wrapper_file(getattr(module, "__file__", None))
+        add_wrapper_file(getattr(module, "__file__", None), prep.watch)
     found = prep.watch.summary()
     if found is None:
         found = pool_problem(prep.pool_base, "its import")

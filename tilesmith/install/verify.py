@@ -160,6 +160,8 @@ def guard(run: RunContext, handle: Any, track: Any, fn: Any, module: Any, source
         def verified_call(args: list[Any]) -> Any:
             state.calls += 1
             if state.calls < state.next_check:
+                if watch.records:  # refused outside its calls (a thread, a hook it left): not run again
+                    return state.refused_between_calls(args)
                 previous, stacks = local.watch, depths()
                 local.watch = watch  # the audit hook judges this thread's events while the wrapper runs
                 try:
@@ -311,6 +313,13 @@ class Verifier(Schedule):
                                                f"stacks on unchecked call {n} (depths {depths} before it): {done}"))
         return self.original(args) if args else outputs
 
+    def refused_between_calls(self, args: list[Any]) -> Any:
+        """The audit refused code of the wrapper's that ran outside its calls (on another thread, a hook it registered):
+        uninstall it before it runs again; the original serves this call."""
+        if not self.failed:
+            self._uninstall_logged(self.calls, _Problem(*self.watch.summary()))  # type: ignore[union-attr, misc]
+        return self.original(args)
+
     def unchecked(self, args: list[Any]) -> Any:
         """An unchecked call outside the verified entry's fast path (a check skipped or running in another thread)."""
         stacks = modes.depths() if self.snapshot is not None else (0, 0)
@@ -341,7 +350,10 @@ class Verifier(Schedule):
         try:
             self.uninstall(n, problem)
         except Exception:  # noqa: BLE001 - the user's call goes on
-            log.exception("tilesmith: uninstalling graph %s failed", self.label)
+            try:
+                log.exception("tilesmith: uninstalling graph %s failed", self.label)
+            except Exception:  # noqa: BLE001 - a logging handler the wrapper attached
+                pass
 
     def _check(self, args: list[Any]) -> Any:
         n = self.calls
@@ -570,11 +582,14 @@ class Verifier(Schedule):
         message = (f"graph {self.label}: {head} ({problem.check}: {problem.detail}). The graph is uninstalled: this "
                    f"call returned the original Inductor wrapper's outputs and every later call runs on Inductor. "
                    f"{where}{remedy}")
-        log.warning("tilesmith: %s", message)
         run.diagnose(kind, message, self.key, self.graph_name)
         if self.track is not None:
             self.track.update(status="uninstalled", verification={
                 "failed_call": n, "check": problem.check, "detail": problem.detail, "checks_passed": self.checks})
+        try:  # last: a logging handler the wrapper attached may raise (the audit refuses what it does)
+            log.warning("tilesmith: %s", message)
+        except Exception:  # noqa: BLE001
+            pass
 
     def _quarantine(self, n: int, problem: _Problem) -> str:
         return quarantine(self.run, self.key, self.source, self.graph_name,

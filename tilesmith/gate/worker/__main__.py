@@ -90,5 +90,27 @@ def main() -> int:
     return 0
 
 
+def leave(code: int) -> None:
+    """End the process without interpreter finalization. CPython 3.11 clears audit hooks after the ``atexit``
+    callbacks and before the modules are torn down, so a candidate's ``__del__`` (or a generator's ``finally``) run
+    by that teardown would run unaudited, after the last answer (the red team's R5); nothing a worker holds needs
+    finalizing (its answers are written and flushed, its files are the host's to remove)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed or replaced stream
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        status = main()
+    except SystemExit as exc:
+        status = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001 - report it like Python would, then leave without finalization
+        import traceback
+
+        traceback.print_exc()
+        status = 1
+    leave(status)

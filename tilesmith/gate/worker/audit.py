@@ -47,12 +47,16 @@ Check ids (``CheckFailure.check``) and events (CPython 3.11/3.12 audit events ta
 * ``audit_process`` — direct: ``subprocess.Popen``, ``os.exec*``, ``os.spawn*``, ``os.posix_spawn``,
   ``os.putenv``/``os.unsetenv``; anywhere: ``os.system``, ``os.fork``, ``os.forkpty``, ``os.kill``,
   ``os.killpg`` (signals to the worker itself excepted: they can only crash it) and a ``subprocess.Popen`` started by a library under
-  candidate code that is not a compiler (``g++``, ``gcc``, ``clang``, ``nvcc``, ``ptxas``, ``ld``, ...).
+  candidate code that is not a known compiler at a system path with arguments that cannot run another program
+  (:mod:`tilesmith.gate.toolargs`: ``g++ -wrapper``, ``-B``, plugins, ``x-g++`` are refused).
 * ``audit_network`` — anywhere: sockets, name lookups, ``urllib``/``http.client``/``ftplib``/mail clients.
 * ``audit_native`` — direct: every ``ctypes.*`` event and ``mmap.__new__``.
 
-Not covered (see docs/gate.md, threat model): native code (C++ kernels, ``load_inline``, compilers'
-arguments) does not raise audit events; frame access laundered through a library that walks frames
+Once armed, the hook judges every thread until the process ends; the worker ends without interpreter finalization
+(``__main__.leave``), so no candidate ``__del__`` runs after the hooks are cleared.
+
+Not covered (see docs/gate.md, threat model): native code (C++ kernels, ``load_inline``) does not raise audit
+events; a library callable run on a thread the candidate started carries no candidate frame; frame access laundered through a library that walks frames
 itself (the *direct* events) is not attributed; telling the gate from the user's process apart by
 looking at ``sys.modules``, the environment or the working directory raises no event at all.
 
@@ -131,6 +135,7 @@ class _State(Rules):
         self.readable = tuple(r for r in roots if r not in ("/", os.path.expanduser("~")))
         self.listable = frozenset(os.path.realpath(p or ".") for p in sys.path if isinstance(p, str))
         self.kinds = {}
+        self.snapshot_env()
         self.armed = True
 
     # -- frames ------------------------------------------------------------------------------------
