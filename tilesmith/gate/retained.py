@@ -57,23 +57,25 @@ def available() -> bool:
     return _use_count is not None
 
 
-def call_measured(fn: Any, args: Any) -> tuple[Any, dict[str, Any] | None]:
+def call_measured(fn: Any, args: Any, own: Any = None) -> tuple[Any, dict[str, Any] | None]:
     """``fn(args)`` and its hidden-reference facts (:func:`_facts`), measured before anything else sees the result.
 
     ``args`` is the argument list the wrapper gets (Inductor clears it; the caller keeps the inputs elsewhere and
-    passes them to :func:`_facts` through ``inputs_of``): the inputs are read from a copy of the list first."""
+    passes them to :func:`_facts` through ``inputs_of``): the inputs are read from a copy of the list first.
+    ``own``: ``storage data_ptr → TensorImpl ids (_cdata)`` the caller itself holds to storages the wrapper allocated (the gate
+    worker's guarded allocator keeps each buffer's guard tail to read it after the call)."""
     inputs = list(args) if isinstance(args, list) else []
     out = fn(args)
     if _use_count is None:
         return out, None
     try:
-        facts = _facts(out, inputs)
+        facts = _facts(out, inputs, own)
     except Exception:  # noqa: BLE001 - an odd output type: the structural checks report it
         facts = None
     return out, facts
 
 
-def _facts(out: Any, inputs: list[Any]) -> dict[str, Any] | None:
+def _facts(out: Any, inputs: list[Any], own: Any = None) -> dict[str, Any] | None:
     # ``out`` is referenced by call_measured's local and this frame's argument. A TensorImpl (StorageImpl) with
     # C++ owners besides its Python object holds one reference to that object (PyTorch's PyObject preservation:
     # one, however many owners), so a tensor that is the ``_base`` of a view has one more Python reference.
@@ -88,9 +90,10 @@ def _facts(out: Any, inputs: list[Any]) -> dict[str, Any] | None:
         if type(o) is _Tensor:
             impls.setdefault(o.untyped_storage()._cdata, set()).add(o._cdata)
             b = o._base
-            if b is not None:
+            while b is not None:  # the whole chain: ``view(dtype)`` starts a new one
                 impls.setdefault(b.untyped_storage()._cdata, set()).add(b._cdata)
                 based.add(b._cdata)
+                b = b._base
             del b
     per: list[dict[str, int] | None] = []
     for o in out:
@@ -105,6 +108,8 @@ def _facts(out: Any, inputs: list[Any]) -> dict[str, Any] | None:
             continue
         resizable = int(st.resizable())
         storage = _use_count(key) - 1 - len(impls[key])  # minus the storage's Python object and the TensorImpls
+        if own is not None:
+            storage -= len(set(own(st.data_ptr())) - impls[key])
         storage_object = _getrefcount(st) - 3  # st, the argument, the StorageImpl's own reference
         del st
         # o: the loop variable and getrefcount's argument, its places in the sequence, its views among them

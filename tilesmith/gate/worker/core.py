@@ -399,7 +399,7 @@ class Worker:
             with T.no_grad():
                 for _ in range(max(0, int(step.get("repeat", 1)) - 1)):
                     loaded.fn(iset.args())
-                outs, facts["retained"] = retained.call_measured(loaded.fn, args)
+                outs, facts["retained"] = retained.call_measured(loaded.fn, args, self.allocator.own_refs)
             snaps = worker_runtime.snapshot_outputs(outs, self._snapshot_limit())
             worker_runtime.sync(self.device)
         except BaseException as exc:  # noqa: BLE001
