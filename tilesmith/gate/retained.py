@@ -30,11 +30,10 @@ exceeds the original's for the same output, or it is not resizable where the ori
 the original keeps what Inductor legitimately does (CUDA-graph trees keep only weak storage references, which
 none of these counts see; a cpp_wrapper returns the same plain tensors) from ever failing a faithful candidate.
 
-Cost: one ``sys.getrefcount``, one storage count and one ``_base`` read per output, a few µs per call (measured
-in docs/verification.md). What is not seen: weak *storage* references (``StorageWeakRef``; PyTorch exposes no
-weak count), memory reached through raw pointers (ctypes); production's overlap check (live earlier outputs,
-:class:`tilesmith.install.retime`… no: :meth:`tilesmith.install.verify.Verifier`) and the gate's held calls
-cover part of these.
+Cost: a few reference counts and ``_base`` reads per output, ~7 µs per output (docs/verification.md). Not seen:
+weak *storage* references (``StorageWeakRef``; PyTorch exposes no weak count) and memory reached through raw
+pointers (ctypes); the gate's held calls (``output_storage_shared``, ``output_lifetime``) cover rings of up to
+``HELD_CALLS`` slots of any kind.
 """
 
 from __future__ import annotations

@@ -23,7 +23,10 @@ checks cost about ``budget`` of the graph's own time — and the first call afte
    larger than the gate's normal inputs; graphs that write inputs are judged elementwise only;
 5. and, first of all, whether the audit hook refused an event of the wrapper's during its run; last, work of its own
    left in Inductor's compile pool (:mod:`tilesmith.gate.pools`) and the bytes it keeps across checked calls
-   (:mod:`tilesmith.install.leaks`, ``memory_leak``).
+   (:mod:`tilesmith.install.leaks`, ``memory_leak``: allocator bytes and CPython blocks). Also: fresh outputs still
+   referenced by the wrapper at return beyond the original's (:mod:`tilesmith.gate.retained`, ``output_retained``)
+   and, from the paired times of both runs, a wrapper clearly slower than the original in production
+   (:mod:`tilesmith.install.retime`, ``slower_in_production``).
 
 On a mismatch (or an exception from the installed wrapper) the graph is uninstalled at once: the call returns the
 original's outputs (aliases of inputs mapped back to the caller's tensors, inputs restored, RNG states set as the
