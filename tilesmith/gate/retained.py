@@ -30,7 +30,7 @@ exceeds the original's for the same output, or it is not resizable where the ori
 the original keeps what Inductor legitimately does (CUDA-graph trees keep only weak storage references, which
 none of these counts see; a cpp_wrapper returns the same plain tensors) from ever failing a faithful candidate.
 
-Cost: a few reference counts and ``_base`` reads per output, ~7 µs per output (docs/verification.md). Not seen:
+Cost: a few reference counts and ``_base`` reads per output, ~9 µs for 5 outputs (docs/verification.md). Not seen:
 weak *storage* references (``StorageWeakRef``; PyTorch exposes no weak count) and memory reached through raw
 pointers (ctypes); the gate's held calls (``output_storage_shared``, ``output_lifetime``) cover rings of up to
 ``HELD_CALLS`` slots of any kind.
