@@ -446,7 +446,9 @@ def test_real_gate_rejects_spot_aware_candidates(gate, make):
     if not checks:  # every output is held, so the cheat believes every call is checked and computes honestly:
         assert verdict.status in {"rejected_slower", "rejected_marginal"}, verdict.reasons  # no fake gain left
         return
-    assert checks & _TIMING_OR_AUDIT or any(c.startswith("audit_") for c in checks), verdict.reasons
+    # refcount_spot keeps a tensor on the output's storage to read its refcount: output_retained since R1
+    assert checks & (_TIMING_OR_AUDIT | {"output_retained"}) or any(c.startswith("audit_") for c in checks), \
+        verdict.reasons
 
 
 @pytest.mark.parametrize("make", [rt.memo_exact, rt.memo_sparse], ids=["memo_exact", "memo_sparse"])

@@ -302,7 +302,7 @@ def test_inductors_own_compile_tasks_are_not_foreign():
 # -- memory kept across calls --------------------------------------------------------------------------------------
 def test_wrapper_keeping_memory_every_call_is_uninstalled_within_bounded_checks(stand_in_gate, monkeypatch):
     monkeypatch.setattr(leaks, "BASE_BOUND", 8 * 2**20)
-    compiled = _compile(vs.keep_input_slices(1), "first=30,every=off,interval=off", monkeypatch)
+    compiled = _compile(vs.keep_input_slices(1), "first=30,every=off,interval=off,retime=off", monkeypatch)
     errors = _drive(compiled, 1 + 14)
     assert max(errors) < 1e-5
     message = _failure(compiled).message
@@ -342,7 +342,7 @@ def test_sniffing_candidate_passes_the_gate_and_is_caught_at_its_first_productio
     compiled = tilesmith.compile(model, example_inputs=(x,), agent_model=factory, loops=1)
     with torch.no_grad():
         compiled(x)  # the first call optimizes: the gate accepts the sniffing candidate
-        assert [v.status for v in factory.verdicts] == ["accepted"], [v.reasons for v in factory.verdicts]
+        assert [v.status for v in factory.verdicts] == ["accepted"], [(v.reasons, v.failures) for v in factory.verdicts]
         assert not marker.exists()
         out = compiled(x)  # its first production call
         torch.testing.assert_close(out, torch.tanh(x @ model.w), rtol=1e-4, atol=1e-4)

@@ -143,7 +143,11 @@ class VerifyPolicy:
     every check (:class:`tilesmith.gate.sidefx.ProductionSnapshot`). ``audit``: the gate worker's audit rules apply
     to the installed wrapper's import and every call, and its work left in Inductor's compile pool is looked for
     (:mod:`tilesmith.install.audit`, :mod:`tilesmith.gate.pools`). ``memory``: the bytes a wrapper keeps across
-    checked calls are judged (:mod:`tilesmith.install.leaks`).
+    checked calls are judged (:mod:`tilesmith.install.leaks`: allocator bytes and CPython's allocated blocks).
+    ``retained``: fresh outputs may have no other reference at return than the original's have
+    (:mod:`tilesmith.gate.retained`, ``output_retained``). ``retime``: the paired times of the original and the
+    installed wrapper on checked calls uninstall a wrapper clearly slower in production
+    (:mod:`tilesmith.install.retime`, ``slower_in_production``).
     """
 
     first: int = 8
@@ -154,12 +158,16 @@ class VerifyPolicy:
     state: bool = True
     audit: bool = True
     memory: bool = True
+    retained: bool = True
+    retime: bool = True
 
 
-VERIFY_DEFAULT = "first=8,every=100,budget=0.01,interval=60,threads=on,state=on,audit=on,memory=on"
+VERIFY_DEFAULT = ("first=8,every=100,budget=0.01,interval=60,threads=on,state=on,audit=on,memory=on,retained=on,"
+                  "retime=on")
 _VERIFY_FORMS = ("'off'; 'on' (the defaults, " + VERIFY_DEFAULT + "); or comma-separated fields, each optional: "
                  "first=<calls, integer >= 0>, every=<calls, integer >= 1, or off>, budget=<fraction in (0, 1), "
-                 "or off>, interval=<seconds > 0, or off>, threads=<on|off>, state=<on|off>, audit=<on|off>, memory=<on|off>; "
+                 "or off>, interval=<seconds > 0, or off>, threads=<on|off>, state=<on|off>, audit=<on|off>, memory=<on|off>, retained=<on|off>, "
+                 "retime=<on|off>; "
                  "e.g. 'first=8,every=1000,interval=30'")
 
 
@@ -191,7 +199,7 @@ def _verify(text: str) -> VerifyPolicy | None:
             elif name == "interval":
                 fields["interval_s"] = None if off else float(raw)
                 ok = off or (math.isfinite(fields["interval_s"]) and fields["interval_s"] > 0)
-            elif name in ("threads", "state", "audit", "memory"):
+            elif name in ("threads", "state", "audit", "memory", "retained", "retime"):
                 fields[name], ok = _bool(raw), True
             else:
                 raise ValueError(f"unknown field {name!r}")

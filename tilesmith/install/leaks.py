@@ -30,6 +30,17 @@ is therefore a run of evidence, not one reading (:meth:`LeakWatch.problem`):
   them times the calls since install exceeds :data:`BASE_BOUND` plus twice the call's input and output bytes (the
   gate's bound on memory growth has the same shape: :func:`tilesmith.gate.host.memory.growth_bound`).
 
+**Python objects** (the red team's R9: a module-level list of small dicts, a growing dict of small ``bytes``): CPython
+keeps objects of up to 512 bytes in its own arenas (``mmap``-ed 256 KiB–1 MiB chunks), which ``mallinfo2`` does not
+count. The same trend rule is applied to ``sys.getallocatedblocks()`` (the number of pymalloc blocks in use:
+exact, O(1), ~0.1 µs a read here, no tracemalloc): a call *retains* blocks when it keeps more than
+:data:`SLACK_BLOCKS` plus :data:`SLACK_BLOCKS_PER_OUTPUT` per output (its outputs' Python objects and returned
+sequence), and the wrapper fails when each of its last :data:`STREAK` judged checks retained and the least of them
+times the calls since install exceeds :data:`BLOCK_BOUND`. Why blocks and not the resident set size: RSS moves in
+pages, keeps what the allocators cached after frees and includes every thread's work, so only a large steady leak
+would show; the block count is exact for the objects a Python-level leak keeps. The CPU figure above (mallinfo2)
+still covers objects larger than 512 bytes, which CPython takes from ``malloc``.
+
 A leak of fewer bytes per call than the slack, a leak only on calls the wrapper guesses are unchecked, and memory
 held outside the allocator (``mmap`` by native code, files) are not seen (docs/verification.md).
 """
@@ -38,6 +49,7 @@ from __future__ import annotations
 
 import collections
 import os
+import sys
 from typing import Any
 
 import torch
@@ -49,6 +61,12 @@ STREAK = 6
 SLACK_BYTES = 4096
 SLACK_PER_OUTPUT = 1024
 """Retained bytes up to ``SLACK_BYTES + SLACK_PER_OUTPUT × outputs`` are the allocator's own bookkeeping."""
+SLACK_BLOCKS = 64
+SLACK_BLOCKS_PER_OUTPUT = 8
+"""CPython blocks up to ``SLACK_BLOCKS + SLACK_BLOCKS_PER_OUTPUT × outputs`` kept by a call are its own outputs'
+objects and caches warming up."""
+BLOCK_BOUND = 2_000_000
+"""Estimated pymalloc blocks (≤ 512 bytes each, ~64–200 MiB for typical sizes) a leak may reach."""
 BASE_BOUND = 256 * 2**20
 """Estimated total a leak may reach before the wrapper is uninstalled, plus twice the call's input+output bytes."""
 
@@ -129,13 +147,17 @@ class LeakWatch:
         self.judged = 0
         self.recent: collections.deque[int] = collections.deque(maxlen=STREAK)
         self.available = allocated_bytes(device) is not None
+        self.blocks: collections.deque[int] = collections.deque(maxlen=STREAK)
+        self._blocks_before = 0
 
     def before(self) -> int | None:
         """Read just before the wrapper runs."""
+        self._blocks_before = sys.getallocatedblocks()
         return allocated_bytes(self.device) if self.available else None
 
     def after(self, before: int | None, outputs: Any, inputs: list[Any]) -> int | None:
         """Read just after the wrapper ran (and its stream was synchronized); returns the call's retained bytes."""
+        kept_blocks = sys.getallocatedblocks() - self._blocks_before
         if before is None:
             return None
         now = allocated_bytes(self.device)
@@ -146,10 +168,18 @@ class LeakWatch:
         self.judged += 1
         if self.judged > WARMUP:
             self.recent.append(retained if retained > SLACK_BYTES + SLACK_PER_OUTPUT * count else 0)
+            n_out = len(outputs) if isinstance(outputs, (list, tuple)) else 1
+            self.blocks.append(kept_blocks if kept_blocks > SLACK_BLOCKS + SLACK_BLOCKS_PER_OUTPUT * n_out else 0)
         return retained
 
     def problem(self, calls: int, outputs: Any, inputs: list[Any]) -> str | None:
         """A ``memory_leak`` detail when the rule holds after this check (``calls``: calls since install)."""
+        if len(self.blocks) == STREAK and min(self.blocks) > 0 and min(self.blocks) * calls > BLOCK_BOUND:
+            least = min(self.blocks)
+            return (f"the installed wrapper kept at least {least} Python object blocks after each of its last "
+                    f"{STREAK} checked calls (sys.getallocatedblocks() after its run minus before: objects it keeps "
+                    f"in CPython's arenas, which the allocator's byte count does not see); at that rate about "
+                    f"{least * calls} blocks over the {calls} calls since install, above the bound of {BLOCK_BOUND}")
         if len(self.recent) < STREAK or min(self.recent) <= 0:
             return None
         least = min(self.recent)

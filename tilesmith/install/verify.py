@@ -24,7 +24,10 @@ checks cost about ``budget`` of the graph's own time — and the first call afte
    larger than the gate's normal inputs; graphs that write inputs are judged elementwise only;
 5. and, first of all, whether the audit hook refused an event of the wrapper's during its run; last, work of its own
    left in Inductor's compile pool (:mod:`tilesmith.gate.pools`) and the bytes it keeps across checked calls
-   (:mod:`tilesmith.install.leaks`, ``memory_leak``).
+   (:mod:`tilesmith.install.leaks`, ``memory_leak``: allocator bytes and CPython blocks). Also: fresh outputs still
+   referenced by the wrapper at return beyond the original's (:mod:`tilesmith.gate.retained`, ``output_retained``)
+   and, from the paired times of both runs, a wrapper clearly slower than the original in production
+   (:mod:`tilesmith.install.retime`, ``slower_in_production``).
 
 On a mismatch (or an exception from the installed wrapper) the graph is uninstalled at once: the call returns the
 original's outputs (aliases of inputs mapped back to the caller's tensors, inputs restored, RNG states set as the
@@ -54,7 +57,7 @@ import torch
 
 from tilesmith import settings
 from tilesmith.context import RunContext
-from tilesmith.gate import modes, torchstate
+from tilesmith.gate import modes, retained, torchstate
 from tilesmith.gate.sidefx import ProductionSnapshot
 from tilesmith.gate.window import StateWindow
 from tilesmith.gate.host.compare import check_values, compare_output, compare_structure, tolerance_for
@@ -73,6 +76,7 @@ from tilesmith.install.shadow import (
 from tilesmith.install import audit
 from tilesmith.install.leaks import LeakWatch
 from tilesmith.install.quarantine import quarantine
+from tilesmith.install.retime import Retime, Stopwatch
 from tilesmith.install.schedule import CLOCK, Schedule
 from tilesmith.install.threads import ThreadCensus, warm_intra_op_pool
 from tilesmith.records import GraphState
@@ -203,6 +207,9 @@ _REMEDY = {
     "audit": " If the refused event was your program's own (a finalizer or signal handler that ran during the "
              "wrapper's call), set TILESMITH_VERIFY=...,audit=off (docs/verification.md).",
     "compile_pool": " (TILESMITH_VERIFY=...,audit=off turns this check off.)",
+    "output_retained": " (TILESMITH_VERIFY=...,retained=off turns this check off.)",
+    "slower_in_production": " Both ran on the same inputs at the same moment; if this machine's load favours the "
+                            "original, TILESMITH_VERIFY=...,retime=off turns this check off.",
     "memory_leak": " If your own threads allocate heavily while compiled code runs, set TILESMITH_VERIFY=...,"
                    "memory=off (docs/verification.md).",
 }
@@ -221,7 +228,7 @@ class _Problem:
 class _Shadow:
     """One checked call's copies, RNG states and the original's outputs."""
 
-    __slots__ = ("real", "copies", "pre_rng", "post_rng", "outputs", "window")
+    __slots__ = ("real", "copies", "pre_rng", "post_rng", "outputs", "window", "held", "original_s")
 
     def __init__(self, real: list[Any], copies: list[Any]):
         self.real, self.copies = real, copies
@@ -229,6 +236,8 @@ class _Shadow:
         self.post_rng: Any = None
         self.outputs: Any = None
         self.window: StateWindow | None = None
+        self.held: Any = None  # the original's hidden-reference counts (tilesmith.gate.retained)
+        self.original_s = 0.0
 
 
 class Verifier(Schedule):
@@ -251,6 +260,8 @@ class Verifier(Schedule):
         self.module = module
         self.watch, self.pool_base = prep.watch, prep.pool_base
         self.leaks = LeakWatch(self.device) if self.policy.memory else None
+        self.retime = Retime() if self.policy.retime else None
+        self.measure_refs = self.policy.retained and retained.available()
         file = getattr(module, "__file__", None)
         self.wrapper_files = (file,) if file else ()
         record = getattr(handle, "record", None)
@@ -335,14 +346,17 @@ class Verifier(Schedule):
             return self.unchecked_modes(stacks, outputs, args)
         return outputs
 
-    def _run(self, args: list[Any]) -> Any:
-        """The installed wrapper on ``args``, with this thread armed for its audit watch."""
+    def _run(self, args: list[Any], measure: bool = False) -> Any:
+        """The installed wrapper on ``args``, with this thread armed for its audit watch (``measure``: returns
+        ``(outputs, hidden-reference counts)``, :func:`tilesmith.gate.retained.call_measured`)."""
+        call = (lambda a: retained.call_measured(self.fn, a) if self.measure_refs else (self.fn(a), None)) \
+            if measure else self.fn
         if self.watch is None:
-            return self.fn(args)
+            return call(args)
         previous = audit.LOCAL.watch
         audit.LOCAL.watch = self.watch
         try:
-            return self.fn(args)
+            return call(args)
         finally:
             audit.LOCAL.watch = previous
 
@@ -376,7 +390,8 @@ class Verifier(Schedule):
         before = self.leaks.before() if self.leaks is not None else None
         t0 = time.perf_counter()
         try:
-            outputs = self._run(args)
+            with Stopwatch(self.device) as watch:
+                outputs, held = self._run(args, measure=True)
             self._sync()
         except Exception as exc:  # noqa: BLE001 - the wrapper's failure, not the user's
             refused = self.watch.summary() if self.watch is not None else None
@@ -395,7 +410,9 @@ class Verifier(Schedule):
         try:
             if self.leaks is not None:
                 self.leaks.after(before, outputs, shadow.real)
-            problem = self._judge(n, shadow, outputs)
+            if self.retime is not None:
+                self.retime.add(shadow.original_s, watch.seconds())
+            problem = self._judge(n, shadow, outputs, held)
         except Exception as exc:  # noqa: BLE001 - a bug in the check must not reach the user
             return self._internal(n, shadow, exc)
         if problem is not None:
@@ -423,7 +440,11 @@ class Verifier(Schedule):
         shadow = _Shadow(real, [_copy(a) for a in real])
         shadow.pre_rng = rng_state(self.device)
         try:
-            shadow.outputs = self.original(list(shadow.copies))
+            with Stopwatch(self.device) as watch:
+                if self.measure_refs:
+                    shadow.outputs, shadow.held = retained.call_measured(self.original, list(shadow.copies))
+                else:
+                    shadow.outputs = self.original(list(shadow.copies))
         except BaseException:
             rng_restore(shadow.pre_rng, self.device)  # the wrapper then serves the call unchecked
             raise
@@ -431,6 +452,7 @@ class Verifier(Schedule):
         if not rng_equal(shadow.pre_rng, shadow.post_rng):
             rng_restore(shadow.pre_rng, self.device)  # the wrapper draws the same numbers as the original did
         self._sync()
+        shadow.original_s = watch.seconds()
         return shadow
 
     def _sync(self) -> None:
@@ -438,7 +460,7 @@ class Verifier(Schedule):
             torch.cuda.current_stream(self.device).synchronize()
 
     # -- judging ------------------------------------------------------------------------------------------
-    def _judge(self, n: int, shadow: _Shadow, outputs: Any) -> _Problem | None:
+    def _judge(self, n: int, shadow: _Shadow, outputs: Any, held: Any = None) -> _Problem | None:
         where = f"production call {n} since install"
         refused = self.watch.summary() if self.watch is not None else None
         if refused is not None:
@@ -449,6 +471,9 @@ class Verifier(Schedule):
                                           where=where, variant=None)
             if structure:
                 return _Problem(structure[0].check, structure[0].message)
+            found = retained.hidden(held, shadow.held)
+            if found:
+                return _Problem("output_retained", retained.message(found, where))
             noise: list[Any] | None = None
             for i, (e, g) in enumerate(zip(expected, outputs)):
                 if not isinstance(e, torch.Tensor) or torch.equal(e, g):
@@ -498,7 +523,10 @@ class Verifier(Schedule):
         if found is not None:
             return _Problem(*found)
         leak = self.leaks.problem(n, outputs, shadow.real) if self.leaks is not None else None
-        return _Problem("memory_leak", leak) if leak else None
+        if leak:
+            return _Problem("memory_leak", leak)
+        slow = self.retime.problem() if self.retime is not None else None
+        return _Problem("slower_in_production", slow) if slow else None
 
     def _inputs_problem(self, shadow: _Shadow) -> _Problem | None:
         for j, (r, c) in enumerate(zip(shadow.real, shadow.copies)):

@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from tilesmith.gate import retained
 from tilesmith.gate.host.answers import global_failures
 from tilesmith.gate.host.compare import compare_output, compare_structure, passes, tolerance_for
 from tilesmith.gate.protocol import POISON_BYTES
@@ -166,6 +167,10 @@ def step_failures(facts: dict[str, Any], ref: RefResult | None, ctx: CheckContex
                                          f"Traceback tail (worker): {' | '.join(tail)[:800]}", variant=variant))
     if ref is not None and facts.get("outputs"):
         fails += compare_structure(ref.facts, facts["outputs"], where=where, variant=variant)
+        found = retained.hidden(facts.get("retained"), ref.retained)
+        if found:
+            fails.append(CheckFailure("output_retained", retained.message(found, where),
+                                      output_index=found[0][0], variant=variant))
     for change in facts.get("inputs_changed", []):
         i = change["index"]
         if change.get("in_view") and i not in ctx.mutated_input_idxs and i not in ctx.clobbered_idxs:

@@ -39,6 +39,9 @@ class RefResult:
     """Digest of the generators' state after the call (the trusted worker's), for the RNG check."""
     nonfinite: int = 0
     """NaN/±Inf elements in the floating outputs (chooses the high-magnitude scale)."""
+    retained: dict[str, Any] | None = None
+    """The original's hidden-reference counts at return (:mod:`tilesmith.gate.retained`), what candidates may
+    not exceed."""
 
     def expected_specs(self) -> list[dict[str, Any]]:
         """What the worker checks outputs against before saving them (kind, shape, dtype, bytes)."""
@@ -110,7 +113,7 @@ class TrustedReference:
                 mutated = {int(i): t for i, t in data["mutated_inputs"]}
             results.append(RefResult(outputs, list(facts.get("outputs") or []), mutated,
                                      float(facts.get("wall_ms", 0.0)), tuple(int(c) for c in facts.get("clobbered") or ()),
-                                     facts.get("rng"), int(facts.get("nonfinite", 0))))
+                                     facts.get("rng"), int(facts.get("nonfinite", 0)), facts.get("retained")))
         return results
 
     def run(self, spec: dict[str, Any], seed: int, repeat: int = 1, save: bool = True) -> RefResult:

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from tilesmith.gate import inputs, layout, pools, protocol, sidefx, torchstate
+from tilesmith.gate import inputs, layout, pools, protocol, retained, sidefx, torchstate
 from tilesmith.gate.worker import audit, bindings, imports
 from tilesmith.gate.worker import runtime as worker_runtime
 from tilesmith.gate.worker import timing as worker_timing
@@ -225,7 +225,7 @@ class Worker:
                   ("worker_runtime", vars(worker_runtime)), ("torchstate", vars(torchstate)),
                   ("protocol", vars(protocol)), ("layout", vars(layout)), ("inputs", vars(inputs)),
                   ("T", vars(T)), ("worker_timing", vars(worker_timing)), ("audit", vars(audit)),
-                  ("bindings", vars(bindings))]
+                  ("bindings", vars(bindings)), ("retained", vars(retained))]
         for loaded in self.modules.values():
             if loaded.trusted:
                 spaces.append((f"module[{loaded.name}]", loaded.namespace))
@@ -399,7 +399,7 @@ class Worker:
             with T.no_grad():
                 for _ in range(max(0, int(step.get("repeat", 1)) - 1)):
                     loaded.fn(iset.args())
-                outs = loaded.fn(args)
+                outs, facts["retained"] = retained.call_measured(loaded.fn, args, self.allocator.own_refs)
             snaps = worker_runtime.snapshot_outputs(outs, self._snapshot_limit())
             worker_runtime.sync(self.device)
         except BaseException as exc:  # noqa: BLE001

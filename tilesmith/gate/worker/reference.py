@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from tilesmith.gate import inputs, layout
+from tilesmith.gate import inputs, layout, retained
 from tilesmith.gate.worker import runtime
 from tilesmith.gate.worker.bindings import T, compact_cpu
 
@@ -54,7 +54,7 @@ def run_one(worker: Any, run: dict[str, Any]) -> dict[str, Any]:
             for _ in range(max(0, int(run.get("repeat", 1)) - 1)):
                 fn(list(args))
             t0 = T.perf_ns()
-            outs = fn(list(args))
+            outs, held = retained.call_measured(fn, list(args))
             runtime.sync(worker.device)
             facts["wall_ms"] = (T.perf_ns() - t0) / 1e6
     except BaseException as exc:  # noqa: BLE001 - the original rejects these inputs (e.g. an index check)
@@ -63,6 +63,7 @@ def run_one(worker: Any, run: dict[str, Any]) -> dict[str, Any]:
         facts["error"] = describe(exc)
         return facts
     facts["rng"] = runtime.rng_digest(worker.device)
+    facts["retained"] = held
     outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
     facts["outputs"] = layout.output_facts(outs, args)
     facts["nonfinite"] = _nonfinite(outs)

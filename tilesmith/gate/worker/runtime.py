@@ -197,6 +197,17 @@ class GuardedAllocator:
         allocate.__name__ = f"guarded_{name}"
         return allocate
 
+    def own_refs(self, data_ptr: int) -> list[int]:
+        """The TensorImpls (``_cdata``) through which this allocator holds the buffer at ``data_ptr``: each
+        record's guard tail and its ``_base`` chain (:func:`tilesmith.gate.retained.call_measured`)."""
+        found = []
+        for tail, ptr, _, _ in self.records:
+            t = tail if ptr == data_ptr else None
+            while t is not None:
+                found.append(t._cdata)
+                t = t._base
+        return found
+
     def violations(self, outputs: list[Any]) -> list[dict[str, Any]]:
         """Guarded buffers whose tail changed, with the output index when an output lives in one."""
         found = []
