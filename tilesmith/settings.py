@@ -335,7 +335,8 @@ _SETTINGS = (
             "wrapper keeps; the gate's audit rules apply to the wrapper's import and every call; on a mismatch or "
             "a refused event the graph is uninstalled (that call returns the original's outputs) and its artifact "
             "quarantined. 'off', 'on' "
-            f"({VERIFY_DEFAULT}) or fields first=, every=, budget=, interval= (seconds), threads=, state=, audit=, memory=."),
+            f"({VERIFY_DEFAULT}) or fields first=, every=, budget=, interval= (seconds), threads=, state=, audit=, "
+            "memory=, retained=, retime=."),
     Setting("TILESMITH_GATE_RUN_TIMEOUT_S", "120", _positive_float,
             "Seconds one gate check or timing request may take once the candidate is loaded (extended "
             "automatically for graphs whose original call is slow); past it the worker is killed and the "
