@@ -136,6 +136,39 @@ def test_honest_wrapper_returning_views_and_inputs_has_no_hidden_references():
                                                                       "resizable": 1}
 
 
+def test_a_sequence_or_tensor_subclass_cannot_hide_a_kept_output():
+    """A list subclass (or a tensor subclass) is not measured, so returning one where the original returns a plain
+    list (tensor) is itself a finding: otherwise a ring of kept outputs returned in a subclass passed unseen."""
+    class Seq(list):
+        pass
+
+    class T(torch.Tensor):
+        pass
+
+    keep = []
+
+    def original(args):
+        return [torch.empty(4), torch.empty(4)]
+
+    def in_subclass(args):
+        out = Seq([torch.empty(4), torch.empty(4)])
+        keep.append(out[0])
+        return out
+
+    def tensor_subclass(args):
+        return [torch.empty(4).as_subclass(T), torch.empty(4)]
+
+    _, ref = retained.call_measured(original, [])
+    _, got = retained.call_measured(in_subclass, [])
+    (found,) = retained.hidden(got, ref)
+    assert found[0] is None and "Seq" in found[1]
+    _, got = retained.call_measured(tensor_subclass, [])
+    (found,) = retained.hidden(got, ref)
+    assert found[0] == 0 and "T was returned" in found[1]
+    _, same = retained.call_measured(in_subclass, [])  # the original's own subclass is not judged against itself
+    assert retained.hidden(same, same) == []
+
+
 def test_retained_off_turns_the_check_off(stand_in_gate, monkeypatch):
     compiled = _compile(STASH_VIEW, _CHECK_ALL + ",retained=off", monkeypatch)
     _drive(compiled, 1 + 10)

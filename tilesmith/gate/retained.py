@@ -79,7 +79,9 @@ def _facts(out: Any, inputs: list[Any], own: Any = None) -> dict[str, Any] | Non
     # C++ owners besides its Python object holds one reference to that object (PyTorch's PyObject preservation:
     # one, however many owners), so a tensor that is the ``_base`` of a view has one more Python reference.
     if type(out) not in _SEQ:
-        return None
+        # A list/tuple subclass (or any other container) is not measured; recorded so that :func:`hidden`
+        # flags it where the original's sequence was measured (a subclass would otherwise hide a kept output).
+        return {"unjudged": type(out).__qualname__}
     sequence = _getrefcount(out) - 3  # call_measured's local, this argument, getrefcount's argument
     in_storages = {a.untyped_storage()._cdata for a in inputs if isinstance(a, _Tensor)}
     del inputs
@@ -97,7 +99,8 @@ def _facts(out: Any, inputs: list[Any], own: Any = None) -> dict[str, Any] | Non
     per: list[dict[str, int] | None] = []
     for o in out:
         if type(o) is not _Tensor:
-            per.append(None)
+            # A tensor subclass is not measured: recorded, flagged where the original's output was a plain tensor.
+            per.append({"unjudged": type(o).__qualname__} if isinstance(o, _Tensor) else None)
             continue
         st = o.untyped_storage()
         key = st._cdata
@@ -128,11 +131,20 @@ def hidden(got: dict[str, Any] | None, ref: dict[str, Any] | None) -> list[tuple
     if not got or not ref:
         return []
     found: list[tuple[int | None, str]] = []
+    if "unjudged" in ref:
+        return found
+    if "unjudged" in got:
+        return [(None, f"a {got['unjudged']} was returned where the original returns a plain list or tuple, so "
+                       "references to its outputs cannot be counted")]
     if got.get("sequence", 0) > max(0, ref.get("sequence", 0)):
         found.append((None, f"the returned {'sequence'} has {got['sequence']} other reference(s) "
                             f"(the original's: {max(0, ref.get('sequence', 0))})"))
     for i, (g, r) in enumerate(zip(got.get("outputs", []), ref.get("outputs", []))):
-        if g is None or r is None:
+        if g is None or r is None or "unjudged" in r:
+            continue
+        if "unjudged" in g:
+            found.append((i, f"a {g['unjudged']} was returned where the original returns a plain tensor, so "
+                             "references to it cannot be counted"))
             continue
         parts = []
         for name, what in (("storage", "other tensor(s) or storage object(s) sharing its storage"),

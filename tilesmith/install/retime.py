@@ -25,7 +25,7 @@ Order: the original always runs first. The installed wrapper thus runs second, o
 failure, never cause one. Pairing makes machine load common to both arms: a load spike slows both halves of a pair.
 
 Quarantine: yes. Both arms ran under the same load on the same inputs and the allowance is wide; a wrapper that is
-1.25× slower than the original with 99 % confidence in the user's own process is of no use there, and serving it
+1.25× slower than the original with 99.5 % confidence (one-sided) in the user's own process is of no use there, and serving it
 again from the cache would repeat the slow checks.
 
 Cost: two clock reads per checked call and one sort of ≤ 64 ratios per check (docs/verification.md).
@@ -50,7 +50,7 @@ WINDOW = 64
 ALLOWANCE = 0.2
 """Fails only when the ratio's interval lies below ``1 − ALLOWANCE`` (installed > 1.25× slower)."""
 ALPHA = 0.01
-"""Two-sided level of the bootstrap interval."""
+"""Two-sided level: the rule uses the one-sided ``1 − ALPHA/2`` (99.5 %) sign-test upper bound of the median ratio."""
 SLACK_S = 50e-6
 """Fixed seconds per call the installed wrapper may take beyond the original before the ratio is formed (the pair
 is ``(original + SLACK_S) / installed``): the installed wrapper pays production verification's own per-call cost
