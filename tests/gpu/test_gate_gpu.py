@@ -199,10 +199,13 @@ def test_candidate_starting_a_thread_at_import_is_rejected_by_the_os_thread_coun
     work during the original's samples."""
     gs.runtime_checks_only(monkeypatch)
     src = graphs["ew"].source
-    thread = ("import _thread as _low\nimport time as _time\n"
+    # ``_thread.start_new_thread`` reached as threading's private alias: the import guard refuses ``import
+    # _thread`` (import_not_allowed), which would hide the thread-count check this test is for.
+    thread = ('_start = getattr(torch.cuda.threading, "_start_" + "new_thread")\n'
+              "_sleep = torch._inductor.utils.time.sleep\n"
               "def _spin():\n    _s = torch.cuda.Stream()\n    while True:\n        with torch.cuda.stream(_s):\n"
-              "            torch.cuda._sleep(100000)\n        _time.sleep(0.001)\n"
-              "_low.start_new_thread(_spin, ())\n")
+              "            torch.cuda._sleep(100000)\n        _sleep(0.001)\n"
+              "_start(_spin, ())\n")
     marker = "\nasync_compile.wait(globals())"
     cheat = src.replace(marker, "\n" + thread + marker, 1) if marker in src else src + "\n" + thread
     verdict = gates("ew").evaluate(Candidate(source=cheat, proposer="cheat:thread"))
