@@ -521,3 +521,35 @@ def test_wrapper_code_at_interpreter_exit_is_refused(exit_markers, how):
     generator's ``finally``: each runs ``touch`` without the hook (control) and is refused with it."""
     assert exit_markers["control"][how], "the spelling does not run at exit"
     assert not exit_markers["hooked"][how], "the wrapper's code ran a program at interpreter exit"
+
+
+def test_slow_path_unchecked_call_also_stops_a_wrapper_refused_between_calls(stand_in_gate, monkeypatch, tmp_path):
+    """The verifier's slow path (a call whose check was skipped, or made while another thread checks) looks at the
+    audit's refusals first, as the fast path does: a wrapper whose hook was refused outside its calls is not run
+    again there either, and the original serves the call."""
+    import logging
+
+    from tilesmith.install import verify
+
+    marker = tmp_path / "written"
+    handlers = list(logging.getLogger().handlers)
+    try:
+        compiled = _compile(vs.later_hook("logging", str(marker)), "first=1,every=off,interval=off,state=off",
+                            monkeypatch)
+        _drive(compiled, 1 + 1)
+        try:
+            logging.getLogger("tilesmith_test_app").warning("the user's program logs")
+        except PermissionError:
+            pass
+        handle = _handle(compiled)
+        verifier = verify.verifier_of(handle)
+        assert verifier is not None and handle.state != "uninstalled" and verifier.watch.records
+        ran = []
+        monkeypatch.setattr(verifier, "fn", lambda args: ran.append(1))
+        x, w = _inputs(5)
+        out = verifier.unchecked([x, w])
+    finally:
+        logging.getLogger().handlers[:] = handlers
+    assert not ran, "the refused wrapper ran again on the slow path"
+    assert handle.state == "uninstalled" and out is not None
+    assert "audit_file_write" in _failure(compiled).message

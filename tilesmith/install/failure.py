@@ -122,9 +122,9 @@ class Failure:
             self._uninstall_logged(self.calls, Problem(*self.watch.summary()))  # type: ignore[union-attr, misc]
         return self.original(args)
 
-    def _uninstall_logged(self, n: int, problem: Problem) -> None:
+    def _uninstall_logged(self, n: int, problem: Problem, *, quarantine: bool = True) -> None:
         try:
-            self.uninstall(n, problem)
+            self.uninstall(n, problem, quarantine=quarantine)
         except Exception:  # noqa: BLE001 - the user's call goes on
             try:
                 log.exception("tilesmith: uninstalling graph %s failed", self.label)
@@ -151,10 +151,7 @@ class Failure:
         if shadow.window is not None and problem.check != "global_state":
             shadow.window.restore()  # a mode the wrapper pushed must not outlive it, whatever failed first
         result = self._serve_original(shadow, outputs)
-        try:
-            self.uninstall(n, problem)
-        except Exception:  # noqa: BLE001 - the user's call still gets the original's outputs
-            log.exception("tilesmith: uninstalling graph %s failed", self.label)
+        self._uninstall_logged(n, problem)  # the user's call still gets the original's outputs
         return result
 
     def uninstall(self, n: int, problem: Problem, *, quarantine: bool = True) -> None:
@@ -211,10 +208,10 @@ class Failure:
     def _internal(self, n: int, shadow: Shadow, exc: BaseException) -> Any:
         """Judging failed inside Tilesmith: the outputs are unjudged, so the call gets the original's (correct by
         construction) and the graph runs on Inductor from now on; the artifact is not quarantined."""
-        log.exception("tilesmith: production check of graph %s failed internally", self.label)
-        result = self._serve_original(shadow, None)
         try:
-            self.uninstall(n, Problem("internal_error", f"{type(exc).__name__}: {exc}"), quarantine=False)
-        except Exception:  # noqa: BLE001
-            log.exception("tilesmith: uninstalling graph %s failed", self.label)
+            log.exception("tilesmith: production check of graph %s failed internally", self.label)
+        except Exception:  # noqa: BLE001 - a logging handler the wrapper attached
+            pass
+        result = self._serve_original(shadow, None)
+        self._uninstall_logged(n, Problem("internal_error", f"{type(exc).__name__}: {exc}"), quarantine=False)
         return result

@@ -258,6 +258,8 @@ class Verifier(Schedule, Failure):
 
     def unchecked(self, args: list[Any]) -> Any:
         """An unchecked call outside the verified entry's fast path (a check skipped or running in another thread)."""
+        if self.watch is not None and self.watch.records:  # refused outside its calls: not run again
+            return self.refused_between_calls(args)
         stacks = modes.depths() if self.snapshot is not None else (0, 0)
         try:
             outputs = self._run(args)
