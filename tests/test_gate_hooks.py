@@ -98,6 +98,34 @@ def test_hook_tables_report_replaced_hooks_filters_and_torch_hook_dicts():
     assert sidefx.hook_changes(before, hooktables.hook_values()) == {}
 
 
+def test_torchs_lazy_trace_handler_removing_itself_is_not_a_change_but_a_tampered_one_is():
+    """Torch's LazyTraceHandler leaves ``torch.__trace`` at torch's first structured-trace record, which a
+    candidate's import may trigger (a cold-cache C++ build) and the original's not: fresh-clone CI rejected an honest
+    cpp_wrapper variant as global_state for it. Any other handler, or that handler with a replaced ``emit``, is."""
+    import logging
+
+    from torch._logging._internal import LazyTraceHandler
+
+    from tilesmith.gate import hooktables
+
+    trace = logging.getLogger("torch.__trace")
+    key = "hook logging.getLogger('torch.__trace') (handlers, filters, level, disabled, propagate)"
+    saved = list(trace.handlers)
+    lazy, tampered, other = LazyTraceHandler(None), LazyTraceHandler(None), logging.NullHandler()
+    tampered.emit = lambda record: None
+    try:
+        trace.addHandler(lazy)
+        before = hooktables.hook_values()
+        trace.removeHandler(lazy)  # what torch's handler does at its first record without a trace folder
+        assert key not in sidefx.hook_changes(before, hooktables.hook_values())
+        for added in (tampered, other):
+            trace.addHandler(added)
+            assert key in sidefx.hook_changes(before, hooktables.hook_values()), added
+            trace.removeHandler(added)
+    finally:
+        trace.handlers[:] = saved
+
+
 def test_mode_stacks_autocast_and_saved_tensor_hooks_are_state():
     from torch.overrides import TorchFunctionMode
     from torch.utils._python_dispatch import TorchDispatchMode

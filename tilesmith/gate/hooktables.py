@@ -28,6 +28,7 @@ allowed) and print short ``repr`` s for the host and the diagnostics.
 from __future__ import annotations
 
 import atexit
+import builtins
 import copyreg
 import gc
 import logging
@@ -125,8 +126,21 @@ class Ident:
         return _label(self.obj)
 
 
+def _torchs_own(handler: Any) -> bool:
+    """Torch's ``LazyTraceHandler`` as torch made it (no filters, no callable instance attribute such as a replaced
+    ``emit`` beyond torch's ``_builtin_open``): it removes itself from ``logging.getLogger('torch.__trace')`` at torch's first structured-trace record
+    (``torch/_logging/_internal.py``), which may fall in a candidate's import (a C++ build of a ``cpp_wrapper``
+    variant on a cold cache; fresh-clone CI, 2026-12-05) and not in the original's. It runs only torch's code, so
+    its presence is not compared."""
+    lazy = getattr(sys.modules.get("torch._logging._internal"), "LazyTraceHandler", None)
+    return (lazy is not None and type(handler) is lazy and not getattr(handler, "filters", None)
+            and all(not callable(v) or (k == "_builtin_open" and v is builtins.open)  # torch's own attribute
+                    for k, v in vars(handler).items()))
+
+
 def _logger_state(logger: Any) -> Same:
-    return Same((Same(getattr(logger, "handlers", ())), Same(getattr(logger, "filters", ())),
+    handlers = [h for h in getattr(logger, "handlers", ()) if not _torchs_own(h)]
+    return Same((Same(handlers), Same(getattr(logger, "filters", ())),
             getattr(logger, "level", None), getattr(logger, "disabled", None), getattr(logger, "propagate", None)))
 
 
