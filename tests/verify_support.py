@@ -108,27 +108,35 @@ def count_bomb_itertools(limit: int):
         """, prelude="import itertools\n_calls = itertools.count()\n")
 
 
-def time_bomb_monotonic(seconds: float):
-    """Honest for ``seconds`` after import (``time.monotonic``), then the outputs are scaled by 3."""
+def time_bomb_monotonic(seconds: float, fuse_at: int = 3):
+    """Honest until ``seconds`` (``time.monotonic``) after its call ``fuse_at`` since import, then the outputs are
+    scaled by 3. The fuse is lit on a call, not at import, so a slow machine between import and the first checked
+    calls cannot set the bomb off early (fresh-clone CI once saw a 0.3 s fuse lit at import go off on call 2)."""
     return rebind_call(f"""
+        _n[0] += 1
+        if _n[0] == {fuse_at}:
+            _born[0] = time.monotonic()
         out = _inner(args)
-        if time.monotonic() - _born > {seconds}:
+        if _born[0] is not None and time.monotonic() - _born[0] > {seconds}:
             for t in out:
                 t.mul_(3.0)
         return out
-        """, prelude="import time\n_born = time.monotonic()\n")
+        """, prelude="import time\n_n = [0]\n_born = [None]\n")
 
 
-def time_bomb_perf_counter(seconds: float):
-    """The same bomb keyed on ``time.perf_counter`` with the birth time stored on a function attribute and the
+def time_bomb_perf_counter(seconds: float, fuse_at: int = 3):
+    """The same bomb keyed on ``time.perf_counter`` with the fuse time stored on a function attribute and the
     outputs replaced by zeros of the same layout."""
     return rebind_call(f"""
+        _perf.calls += 1
+        if _perf.calls == {fuse_at}:
+            _perf.born = _perf()
         out = _inner(args)
-        if _perf() - _perf.born > {seconds}:
+        if _perf.born is not None and _perf() - _perf.born > {seconds}:
             out = tuple(torch.zeros_like(t) for t in out)
         return out
         """, prelude="from time import perf_counter as _perf_impl\n\ndef _perf():\n    return _perf_impl()\n\n"
-                     "_perf.born = _perf()\n")
+                     "_perf.calls = 0\n_perf.born = None\n")
 
 
 def thread_starter_threading(at_call: int, seconds: float = 4.0):
