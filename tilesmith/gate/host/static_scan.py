@@ -9,7 +9,7 @@ Python is scanned with :mod:`ast`: the wrapper itself and every Triton kernel so
 ``async_compile.triton(...)`` (Inductor imports those strings as Python modules, so their top-level
 code runs on the host). C++/CUDA strings (``async_compile.cpp_pybinding``/``cuda``, ``load_inline``)
 get a regular-expression scan for threads, processes, files, sockets and dynamic loading.
-Each rule below carries its ``# Rationale:``.
+Each rule (the tables in :mod:`tilesmith.gate.host.static_rules`) carries its ``# Rationale:``.
 """
 
 from __future__ import annotations
@@ -19,6 +19,11 @@ import re
 from dataclasses import dataclass
 
 from tilesmith._ast import dotted_name as _dotted
+from tilesmith.gate.host.static_rules import (  # noqa: F401 (RULE_RATIONALE is public here)
+    ALLOWED_IMPORT_FROM, BLOCKED_ATTRS, BROAD_EXCEPTIONS, CACHE_CLASS, DUNDER_ATTRS, FORBIDDEN_BUILTINS,
+    GLOBAL_STATE_NAMES, INDIRECT_BUILTINS, LOAD_SAVE, MODULE_ALIASES_DEFAULT, MODULE_BY_NAME, MODULE_RULES,
+    NAME_ACCESS_BUILTINS, NATIVE_PATTERNS, OS_ALLOWED, REEXPORTED, RULE_RATIONALE, TRITON_ROOTS,
+)
 from tilesmith.records import CheckFailure
 
 
@@ -29,199 +34,12 @@ class Finding:
     detail: str
 
 
-# Rationale: threads, processes, signals and async loops let work continue after `call` returns, outside
-# every timing sample and after the outputs were checked (thread injection: https://deep-reinforce.com/defense_kernel_hack.html).
-_CONCURRENCY_MODULES = {"threading", "_thread", "multiprocessing", "concurrent", "subprocess", "asyncio",
-                        "signal", "sched", "torch.multiprocessing", "queue"}
-# Rationale: raw memory access (ctypes beyond its scalar types, cffi, mmap) bypasses every runtime check:
-# it can patch interpreter state, read the harness's memory or forge results. Inductor wrappers import
-# only `from ctypes import c_void_p, c_long, c_int`.
-_NATIVE_MODULES = {"ctypes", "cffi", "mmap", "_ctypes"}
-# Rationale: introspection reaches the harness's frames, modules and objects (gc.get_objects,
-# sys._getframe, inspect) — the route to replacing its functions or reading the reference's results.
-_INTROSPECTION_MODULES = {"gc", "inspect", "sys", "importlib", "builtins", "__main__", "tilesmith", "dis",
-                          "types", "code", "codeop", "runpy", "pkgutil", "weakref", "atexit", "faulthandler",
-                          "tracemalloc", "pdb", "resource"}
-# Rationale: a wrapper computes from its arguments; reading files outside its module (other runs, keys,
-# cached results) or writing them (result caches across processes) has no legitimate use.
-_FILE_MODULES = {"pathlib", "shutil", "glob", "io", "pickle", "marshal", "shelve", "dbm", "sqlite3", "zipfile",
-                 "tarfile", "fileinput", "csv", "pandas", "polars", "pyarrow", "h5py", "joblib", "dill",
-                 "cloudpickle", "safetensors", "scipy.io", "numpy.lib.npyio", "numpy.lib.format",
-                 "torch.serialization", "torch.hub", "torch.package", "torch._inductor.codecache",
-                 "torch._inductor.runtime.cache_dir_utils"}
-# Rationale: no network access from a wrapper (exfiltration, remote results).
-_NETWORK_MODULES = {"socket", "ssl", "http", "urllib", "urllib3", "requests", "httpx", "ftplib", "smtplib",
-                    "xmlrpc", "aiohttp", "websocket", "websockets", "telnetlib", "paramiko"}
-
-# Rationale: torch and other packages re-export modules (torch.sys, torch.cuda.threading, torch.os); an
-# attribute path through one of these is the same as importing it.
-# Every attribute of a chain is checked, the last one included (`s = torch.cuda.sys`).
-_REEXPORTED = {**{m: "static_concurrency" for m in ("threading", "_thread", "multiprocessing", "subprocess",
-                                                    "signal", "asyncio", "concurrent")},
-               **{m: "static_native_memory" for m in ("ctypes", "_ctypes", "cffi", "mmap")},
-               **{m: "static_introspection" for m in ("sys", "gc", "inspect", "importlib", "builtins", "runpy",
-                                                      "pdb", "faulthandler", "tracemalloc", "weakref", "atexit")},
-               **{m: "static_file_access" for m in ("pathlib", "shutil", "pickle", "marshal", "tempfile")},
-               **{m: "static_network" for m in ("socket", "urllib", "urllib3", "requests")}}
-
-# Rationale: these names have no use in a wrapper whatever object they are reached through (an alias, a
-# re-export, a container), so they are flagged by name, not by path (red-team finding 10):
-# - file I/O outside `open`: torch.serialization / torch.load / torch.save, Storage.from_file, numpy's
-#   load/save/loadtxt/fromfile/tofile/memmap, pathlib-style read_text/write_bytes, shared-memory files;
-# - Inductor's cache writers (codecache.write_atomic, PyCodeCache.write, FxGraphCache, cache_dir): a
-#   candidate rewrote the ORIGINAL wrapper's cache file so every later process loaded a slowed copy;
-# - the environment (os.environ / getenv / putenv under any spelling): provider keys live there;
-# - frame, reference-count and import machinery: sys._getframe walks to the harness's `timed` frame,
-#   torch._C._storage_Use_Count tells whether the caller kept an output (spot-check detection),
-#   operator.attrgetter / importlib.import_module reach any name the scan cannot see.
-_BLOCKED_ATTRS: dict[str, tuple[str, str]] = {
-    **{n: ("static_file_access", "reads or writes files") for n in (
-        "serialization", "from_file", "fromfile", "tofile", "loadtxt", "savetxt", "genfromtxt", "fromregex",
-        "savez", "savez_compressed", "memmap", "open_memmap", "npyio", "DataSource", "read_text", "read_bytes",
-        "write_text", "write_bytes", "hub", "read_csv", "to_csv", "read_pickle", "to_pickle", "read_parquet",
-        "to_parquet", "_share_filename_cpu_", "_new_shared_filename_cpu", "_share_fd_cpu_", "_new_shared_fd_cpu",
-        "save_cache_artifacts", "load_cache_artifacts")},
-    **{n: ("static_file_access", "writes Inductor's shared compile cache") for n in (
-        "codecache", "write_atomic", "PyCodeCache", "cache_dir", "cache_dir_utils", "default_cache_dir")},
-    **{n: ("static_file_access", "reads or changes environment variables") for n in (
-        "environ", "environb", "getenv", "getenvb", "putenv", "unsetenv")},
-    **{n: ("static_introspection", "inspects frames, reference counts or imports by name") for n in (
-        "_getframe", "_current_frames", "getrefcount", "_storage_Use_Count", "_use_count", "get_referrers",
-        "get_referents", "get_objects", "settrace", "setprofile", "attrgetter", "methodcaller", "import_module",
-        "_import_dotted_name", "exec_module", "module_from_spec", "spec_from_file_location", "run_path",
-        "run_module")},
-    "ctypeslib": ("static_native_memory", "reaches raw memory"),
-    # Rationale (red team, round 2): a dispatcher registration made at import (torch.library.Library(...)
-    # .impl("addmm.out", slow_fn, "CPU")) is process-wide: it slowed only the ORIGINAL's extern kernel in the
-    # worker (accepted at 1.8x) and every addmm in the user's process after install. Inductor's wrappers call
-    # operators; they never register them.
-    **{n: ("static_monkeypatch", "registers or overrides operator kernels in the dispatcher") for n in (
-        "library", "Library", "custom_op", "triton_op", "register_kernel", "register_fake", "register_autograd",
-        "register_torch_dispatch", "register_vmap", "impl_abstract", "_dispatch_library", "fallthrough_kernel",
-        "_register_py_kernel_for_op")},
-}
-# Rationale: Inductor's cache classes (CppCodeCache, FxGraphCache, AOTAutogradCache, LocalCache, ...)
-# write files shared with other processes and the user's later runs.
-_CACHE_CLASS = re.compile(r"\w*(CodeCache|GraphCache|AutogradCache|CacheBase|LocalCache|PersistentCache)$")
-# Rationale: `load`/`save` are file I/O on torch, torch.jit, numpy, torch.utils.cpp_extension (which
-# compiles files); inside kernels only Triton's `tl.load` is legitimate.
-_LOAD_SAVE = {"load", "save"}
-_TRITON_ROOTS = {"tl", "triton.language"}
-
-# Rationale: the one Tilesmith name a candidate may import: the loader of Tilesmith's own prebuilt native
-# kernels (``tilesmith/kernels/runtime.py``: it reads a finished build from the kernel directory, never
-# builds, writes or starts a process; docs/gate.md, "Native kernels"). Only this exact `from ... import`
-# form without an alias: it binds one function, never the `tilesmith` package, whose modules reach the
-# harness. Everything else from `tilesmith` stays `static_introspection`.
-_ALLOWED_IMPORT_FROM = frozenset({("tilesmith.kernels.runtime", "native_module")})
-
-_MODULE_RULES = [(m, "static_concurrency") for m in _CONCURRENCY_MODULES] + \
-    [(m, "static_native_memory") for m in _NATIVE_MODULES] + \
-    [(m, "static_introspection") for m in _INTROSPECTION_MODULES] + \
-    [(m, "static_file_access") for m in _FILE_MODULES] + \
-    [(m, "static_network") for m in _NETWORK_MODULES]
-
-# Rationale: a blocked module imported by its last name from any package is the same module
-# (`from torch import sys`, `from torch.cuda import threading`: red-team finding 10).
-_MODULE_BY_NAME = {m: rule for m, rule in _MODULE_RULES if "." not in m}
-
-# Rationale: these builtins run or reach code and objects the scan cannot see (exec/eval/compile/__import__)
-# or rebind attributes of shared modules (setattr/delattr); globals()/locals() expose namespaces.
-_FORBIDDEN_BUILTINS = {"exec": "static_introspection", "eval": "static_introspection",
-                       "compile": "static_introspection", "__import__": "static_introspection",
-                       "globals": "static_introspection", "locals": "static_introspection",
-                       "vars": "static_dynamic_access", "breakpoint": "static_introspection",
-                       "input": "static_introspection",
-                       "setattr": "static_monkeypatch", "delattr": "static_monkeypatch",
-                       "open": "static_file_access", "exit": "static_process_control",
-                       "quit": "static_process_control"}
-# Rationale: attribute names computed at run time (`getattr(torch, "s" + "ys")`), namespaces read as
-# dicts (`vars(torch)["sys"]`), star imports, and these builtins passed around as values
-# (`g = getattr`, `functools.reduce(getattr, ...)`) hide from the scan which names a wrapper reaches.
-# Inductor writes every attribute out literally; nothing it generates uses any of them.
-_NAME_ACCESS_BUILTINS = {"getattr", "hasattr", "setattr", "delattr"}
-_INDIRECT_BUILTINS = {"getattr", "hasattr", "setattr", "delattr", "vars", "globals", "locals", "dir", "eval",
-                      "exec", "compile", "__import__", "open", "breakpoint", "input", "exit", "quit"}
-
-# Rationale: frame, code and namespace attributes are how a candidate reaches the caller (the harness)
-# or rewrites functions in place.
-_DUNDER_ATTRS = {"__dict__", "__globals__", "__code__", "__closure__", "__builtins__", "__subclasses__",
-                 "__bases__", "__mro__", "f_back", "f_globals", "f_locals", "f_builtins", "f_code", "tb_frame",
-                 "gi_frame", "cr_frame", "ag_frame", "__getattribute__", "__setattr__", "__class__", "__kwdefaults__",
-                 "__defaults__", "__self__", "__func__", "__wrapped__", "__getattr__", "__import__", "__loader__",
-                 "__spec__", "__traceback__", "__objclass__", "gi_code", "cr_code"}
-# Rationale: os is imported by every wrapper but only these names are harmless; process control
-# (fork, kill, _exit, exec*, system) and file/environment access are not.
-_OS_ALLOWED = {"path", "sep", "linesep", "name", "cpu_count", "getpid"}
-# Rationale: global numeric and runtime state belongs to the user; flipping it makes the original
-# slower or less precise for everything else in the process (TF32, matmul precision, reduced-precision
-# reductions, determinism, SDPA backends, RNG seeds, allocator settings, the current stream).
-_GLOBAL_STATE_NAMES = {"set_float32_matmul_precision", "allow_tf32", "fp32_precision",
-                       "allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction",
-                       "allow_fp16_accumulation", "use_deterministic_algorithms", "set_deterministic_debug_mode",
-                       "manual_seed", "manual_seed_all", "seed", "seed_all", "set_rng_state", "set_rng_state_all",
-                       "set_default_dtype", "set_default_device", "set_default_tensor_type", "set_num_threads",
-                       "set_num_interop_threads", "set_flush_denormal", "set_per_process_memory_fraction",
-                       "_set_allocator_settings", "_accelerator_setAllocatorSettings", "change_current_allocator",
-                       "set_allocator_settings", "set_stream", "set_sync_debug_mode", "enable_flash_sdp",
-                       "enable_mem_efficient_sdp", "enable_math_sdp", "enable_cudnn_sdp", "set_grad_enabled",
-                       "set_printoptions", "set_warn_always", "_set_cudnn_enabled", "set_rng_state_offset",
-                       "_set_persisting_l2_cache_size", "cudaDeviceSetLimit", "load_library"}
-# Rationale: names the wrapper receives as modules or shared helpers; assigning to their attributes
-# monkeypatches code the original wrapper, the harness or the user's program also runs.
-_MODULE_ALIASES_DEFAULT = {"torch", "triton", "tl", "time", "math", "os", "random", "tempfile", "aten",
-                           "inductor_ops", "extern_kernels", "async_compile", "triton_helpers", "triton_heuristics",
-                           "libdevice", "tl_math", "np", "numpy", "cmath", "_quantized"}
-# Rationale: a broad handler can hide a failing fast path and silently switch to another implementation
-# whose speed and results were never measured on the path that actually ran ("fallback to reference":
-# https://cognition.ai/blog/kevin-32b, https://makora.com/blog/reward-hacks). A wrapper's failures must surface.
-_BROAD_EXCEPTIONS = {"Exception", "BaseException", "RuntimeError", "AssertionError", "torch.OutOfMemoryError"}
-# Rationale: native code in strings: threads/processes/files/sockets/dynamic loading have no place in a
-# kernel (OpenMP pragmas, which Inductor's CPU kernels use, are allowed).
-_NATIVE_PATTERNS = [
-    (re.compile(r"\bstd::(thread|async|jthread)\b|\bpthread_create\b|\bthread\s*[({<]|\bclone[23]?\s*\("),
-     "static_concurrency", "starts a thread"),
-    # Rationale (red team, round 2): a native thread signalling the main thread (tgkill + a sigaction handler
-    # that busy-waits) slowed only the original's samples and was accepted at 1.5x; native signal handling has
-    # no place in a kernel.
-    (re.compile(r"\b(sigaction|signal|sigqueue|tgkill|tkill|pthread_kill|setitimer|timer_create|alarm|syscall)"
-                r"\s*\(|\bSYS_\w+|\bSIG(RTMIN|RTMAX|ALRM|VTALRM|PROF|USR[12])\b"), "static_process_control",
-     "installs signal handlers or signals threads"),
-    (re.compile(r"\b(fork|vfork|execv|execvp|execve|execl|system|popen|posix_spawn)\s*\("), "static_concurrency",
-     "starts a process"),
-    (re.compile(r"\b(fopen|freopen|std::[io]?fstream|open|creat|unlink|remove|rename)\s*\("), "static_file_access",
-     "opens or changes files"),
-    (re.compile(r"\b(socket|connect|getaddrinfo|gethostbyname)\s*\("), "static_network", "opens a socket"),
-    (re.compile(r"\b(dlopen|dlsym|mprotect|ptrace)\s*\("), "static_native_memory", "loads code or changes memory "
-     "protection"),
-    (re.compile(r"\bcudaStreamCreate\w*\s*\(|\bcudaDeviceSetLimit\s*\(|\bcudaCtxResetPersistingL2Cache\b|"
-                r"\bcudaStreamSetAttribute\s*\("), "static_global_state", "changes CUDA streams or device limits"),
-    (re.compile(r"\b(exit|_exit|abort|quick_exit|raise|kill)\s*\("), "static_process_control", "ends or signals "
-     "the process"),
-]
-
-RULE_RATIONALE = {
-    "static_syntax": "the source must parse as Python",
-    "static_entry_point": "the pipeline installs the module's top-level `call(args)`; it must exist",
-    "static_concurrency": "work continuing after `call` returns escapes timing and output checks",
-    "static_native_memory": "raw memory access bypasses every runtime check",
-    "static_introspection": "introspection reaches the harness's frames and modules",
-    "static_file_access": "a wrapper computes from its arguments only; no files, caches or environment "
-                          "variables",
-    "static_network": "no network access from a wrapper",
-    "static_process_control": "a wrapper must not end or signal its process",
-    "static_monkeypatch": "shared modules' functions must not be replaced",
-    "static_global_state": "the user's global numeric/runtime state must not change",
-    "static_try_except": "broad exception handlers hide failing fast paths",
-    "static_dynamic_access": "the scan must see every name a wrapper reaches: write attributes out literally "
-                             "(torch.mm, not getattr(torch, 'm' + 'm') or vars(torch)['mm']), as Inductor does",
-}
 
 
 class _Scanner(ast.NodeVisitor):
     def __init__(self) -> None:
         self.findings: list[Finding] = []
-        self.aliases = set(_MODULE_ALIASES_DEFAULT)
+        self.aliases = set(MODULE_ALIASES_DEFAULT)
         self.os_names = {"os"}  # names bound to the os module (`import os as o`, `from torch import os`)
         self.native_strings: list[tuple[int, str]] = []
         self.python_strings: list[tuple[int, str]] = []
@@ -234,7 +52,7 @@ class _Scanner(ast.NodeVisitor):
         root = name.split(".")[0]
         if root == "ctypes" and names is not None and all(n.startswith("c_") for n in names):
             return
-        for module, rule in _MODULE_RULES:
+        for module, rule in MODULE_RULES:
             if name == module or name.startswith(module + ".") or root == module:
                 self.add(rule, node, f"imports {name}")
                 return
@@ -244,16 +62,16 @@ class _Scanner(ast.NodeVisitor):
 
     def _check_name(self, name: str, node: ast.AST, context: str) -> bool:
         """Flag an attribute/imported name that is blocked wherever it is reached; True if flagged."""
-        if name in _REEXPORTED:
-            self.add(_REEXPORTED[name], node, f"{context}: reaches module {name!r}")
-        elif name in _BLOCKED_ATTRS:
-            rule, what = _BLOCKED_ATTRS[name]
+        if name in REEXPORTED:
+            self.add(REEXPORTED[name], node, f"{context}: reaches module {name!r}")
+        elif name in BLOCKED_ATTRS:
+            rule, what = BLOCKED_ATTRS[name]
             self.add(rule, node, f"{context}: {name!r} {what}")
-        elif _CACHE_CLASS.fullmatch(name):
+        elif CACHE_CLASS.fullmatch(name):
             self.add("static_file_access", node, f"{context}: {name!r} writes Inductor's shared compile cache")
-        elif name in _DUNDER_ATTRS:
+        elif name in DUNDER_ATTRS:
             self.add("static_introspection", node, f"{context}: uses {name}")
-        elif name in _GLOBAL_STATE_NAMES:
+        elif name in GLOBAL_STATE_NAMES:
             self.add("static_global_state", node, f"{context}: reaches {name!r}, which changes global state")
         else:
             return False
@@ -271,7 +89,7 @@ class _Scanner(ast.NodeVisitor):
         module = node.module or ""
         if _is_cpp_wrapper_import(node):
             return  # checked as a whole by _cpp_wrapper_findings
-        if node.level == 0 and node.names and all((module, a.name) in _ALLOWED_IMPORT_FROM and a.asname is None
+        if node.level == 0 and node.names and all((module, a.name) in ALLOWED_IMPORT_FROM and a.asname is None
                                                   for a in node.names):
             self.generic_visit(node)
             return
@@ -285,14 +103,14 @@ class _Scanner(ast.NodeVisitor):
                 continue
             if len(self.findings) == before and module.split(".")[0] != "ctypes":
                 self._check_module(full, node, [alias.name])
-            if len(self.findings) == before and alias.name in _MODULE_BY_NAME:
-                self.add(_MODULE_BY_NAME[alias.name], node, f"imports module {alias.name!r} from {module} (the "
+            if len(self.findings) == before and alias.name in MODULE_BY_NAME:
+                self.add(MODULE_BY_NAME[alias.name], node, f"imports module {alias.name!r} from {module} (the "
                          f"same module as `import {alias.name}`)")
-            elif len(self.findings) == before and alias.name in _LOAD_SAVE and module.split(".")[0] != "triton":
+            elif len(self.findings) == before and alias.name in LOAD_SAVE and module.split(".")[0] != "triton":
                 self.add("static_file_access", node, f"imports {full} (file I/O)")
-            if alias.name in _GLOBAL_STATE_NAMES:
+            if alias.name in GLOBAL_STATE_NAMES:
                 self.add("static_global_state", node, f"imports {full}")
-            if module == "os" and alias.name not in _OS_ALLOWED:
+            if module == "os" and alias.name not in OS_ALLOWED:
                 self.add(_os_rule(alias.name), node, f"imports os.{alias.name}")
             if alias.name == "os":
                 self.os_names.add(alias.asname or alias.name)
@@ -303,20 +121,20 @@ class _Scanner(ast.NodeVisitor):
     # calls and attributes ----------------------------------------------------------------------------
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
-        if isinstance(func, ast.Name) and func.id in _FORBIDDEN_BUILTINS:
-            rule = _FORBIDDEN_BUILTINS[func.id]
+        if isinstance(func, ast.Name) and func.id in FORBIDDEN_BUILTINS:
+            rule = FORBIDDEN_BUILTINS[func.id]
             allowed = func.id == "globals" and _is_async_compile_wait_arg(node, self._parents)
             if rule and not allowed:
                 self.add(rule, node, f"calls {func.id}()")
-        if isinstance(func, ast.Name) and func.id in _NAME_ACCESS_BUILTINS:
+        if isinstance(func, ast.Name) and func.id in NAME_ACCESS_BUILTINS:
             self._check_getattr(node, func.id)
         dotted = _dotted(func)
         if dotted:
             last = dotted.split(".")[-1]
-            if last in _GLOBAL_STATE_NAMES:
+            if last in GLOBAL_STATE_NAMES:
                 self.add("static_global_state", node, f"calls {dotted}()")
             if dotted.split(".")[0] in self.os_names and len(dotted.split(".")) > 1 and \
-                    dotted.split(".")[1] not in _OS_ALLOWED:
+                    dotted.split(".")[1] not in OS_ALLOWED:
                 self.add(_os_rule(dotted.split(".")[1]), node, f"calls {dotted}()")
             if dotted.startswith("tempfile."):
                 self.add("static_file_access", node, f"calls {dotted}()")
@@ -334,7 +152,7 @@ class _Scanner(ast.NodeVisitor):
         if isinstance(name_node, ast.Constant) and isinstance(name_node.value, str):
             name = name_node.value
             self._check_name(name, node, f"{builtin}(..., {name!r})")
-            if name not in _OS_ALLOWED and _dotted(node.args[0]) in self.os_names:
+            if name not in OS_ALLOWED and _dotted(node.args[0]) in self.os_names:
                 self.add(_os_rule(name), node, f"{builtin}(os, {name!r})")
             return
         folded = _fold_str(name_node) if name_node is not None else None
@@ -343,7 +161,7 @@ class _Scanner(ast.NodeVisitor):
                  "out literally")
         if folded is not None:
             self._check_name(folded, node, f"{builtin}(..., {folded!r})")
-            if folded not in _OS_ALLOWED and _dotted(node.args[0]) in self.os_names:
+            if folded not in OS_ALLOWED and _dotted(node.args[0]) in self.os_names:
                 self.add(_os_rule(folded), node, f"{builtin}(os, {folded!r})")
 
     def _collect_strings(self, node: ast.Call, python: bool) -> None:
@@ -356,18 +174,18 @@ class _Scanner(ast.NodeVisitor):
     def visit_Attribute(self, node: ast.Attribute) -> None:
         dotted = _dotted(node)
         shown = dotted or f"<expression>.{node.attr}"
-        if node.attr in _DUNDER_ATTRS:
+        if node.attr in DUNDER_ATTRS:
             self.add("static_introspection", node, f"uses .{node.attr}")
         else:
             self._check_name(node.attr, node, f"uses {shown}" if dotted else f"uses .{node.attr}")
         # os reached under any name: `os.kill`, `o.kill` after `import os as o`, `torch.os.kill`
         via_os = (isinstance(node.value, ast.Name) and node.value.id in self.os_names) or \
             (isinstance(node.value, ast.Attribute) and node.value.attr == "os")
-        if via_os and node.attr not in _OS_ALLOWED:
+        if via_os and node.attr not in OS_ALLOWED:
             self.add(_os_rule(node.attr), node, f"uses {shown}")
-        if node.attr in _LOAD_SAVE and not _is_triton(dotted):
+        if node.attr in LOAD_SAVE and not _is_triton(dotted):
             self.add("static_file_access", node, f"uses {shown} (file I/O; only Triton's tl.load is allowed)")
-        if dotted and dotted.split(".")[-1] in _GLOBAL_STATE_NAMES and isinstance(node.ctx, (ast.Store, ast.Del)):
+        if dotted and dotted.split(".")[-1] in GLOBAL_STATE_NAMES and isinstance(node.ctx, (ast.Store, ast.Del)):
             self.add("static_global_state", node, f"sets {dotted}")
         self.generic_visit(node)
 
@@ -384,11 +202,11 @@ class _Scanner(ast.NodeVisitor):
 
     def visit_Name(self, node: ast.Name) -> None:
         parent = self._parent(node)
-        if node.id in _DUNDER_ATTRS:  # `__builtins__["getattr"]`: the module's builtins namespace
+        if node.id in DUNDER_ATTRS:  # `__builtins__["getattr"]`: the module's builtins namespace
             self.add("static_introspection", node, f"uses {node.id}")
-        if node.id in _INDIRECT_BUILTINS and not isinstance(node.ctx, ast.Load):
+        if node.id in INDIRECT_BUILTINS and not isinstance(node.ctx, ast.Load):
             self.add("static_dynamic_access", node, f"rebinds the builtin name {node.id!r}")
-        elif node.id in _INDIRECT_BUILTINS and not (isinstance(parent, ast.Call) and parent.func is node):
+        elif node.id in INDIRECT_BUILTINS and not (isinstance(parent, ast.Call) and parent.func is node):
             self.add("static_dynamic_access", node, f"uses the builtin {node.id} as a value; call it directly "
                      "with literal arguments (or not at all)")
         if node.id in self.os_names and isinstance(node.ctx, ast.Load) and \
@@ -427,7 +245,7 @@ class _Scanner(ast.NodeVisitor):
     # exceptions ------------------------------------------------------------------------------------------
     def visit_ExceptHandler(self, node: ast.ExceptHandler) -> None:
         names = _handler_names(node.type)
-        if node.type is None or names & _BROAD_EXCEPTIONS:
+        if node.type is None or names & BROAD_EXCEPTIONS:
             shown = "bare except" if node.type is None else f"except {', '.join(sorted(names))}"
             self.add("static_try_except", node, f"{shown} — broad handler")
         self.generic_visit(node)
@@ -479,7 +297,7 @@ def _source(node: ast.AST) -> str:
 
 def _is_triton(dotted: str | None) -> bool:
     """`tl.load` / `triton.language.load`: Triton's memory load, the only legitimate `load`."""
-    return dotted in {f"{root}.load" for root in _TRITON_ROOTS}
+    return dotted in {f"{root}.load" for root in TRITON_ROOTS}
 
 
 def _alias_closure(tree: ast.AST, aliases: set[str], os_names: set[str]) -> None:
@@ -615,7 +433,7 @@ def scan(source: str) -> list[Finding]:
         findings.extend(sub)
     for line, text in scanner.native_strings:
         stripped = _strip_c_comments(text)
-        for pattern, rule, what in _NATIVE_PATTERNS:
+        for pattern, rule, what in NATIVE_PATTERNS:
             match = pattern.search(stripped)
             if match:
                 findings.append(Finding(rule, line, f"native source {what} ({match.group(0).strip()})"))
