@@ -48,6 +48,18 @@ def accepted(gate, chain):
     return gate.evaluate(Candidate(source=gs.reassociate_chain(chain.source), proposer="scripted", note="reassociate"))
 
 
+def test_the_gates_other_workers_start_alongside_the_trusted_worker_and_get_the_originals_kernels(gate):
+    """Issue 19: the second trusted worker and the spare candidate workers are started before the trusted worker's
+    init is answered (their interpreter starts overlap it), yet each is seeded with the cache template (the
+    original's compiled kernels) before its own init."""
+    trusted, second = gate._trusted, gate._second
+    assert second is not None and second.alive()
+    assert second.started < trusted.init_done_at, (second.started, trusted.init_done_at)
+    assert second.templated and second.init_rid is not None
+    assert all(w.templated for w in gate._workers if w is not trusted)
+    assert trusted.ready_info["prewarm"]["device_type"] == "cpu"
+
+
 def test_faster_honest_candidate_is_accepted_after_confirmation(accepted):
     assert accepted.status == "accepted", accepted.reasons
     assert accepted.accepted and accepted.failures == ()

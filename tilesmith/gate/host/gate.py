@@ -166,8 +166,13 @@ class Gate:
         keys); candidate workers do not report those (the original's own import changes them the same way)."""
         self.memory_problem: str | None = None
         """Why this graph cannot be evaluated in the memory left (``evaluate`` then answers ``gate_memory``)."""
+        early: list[WorkerProcess] = []
         try:
             self._trusted = self._start_worker("trusted")
+            # The other workers' interpreter starts (torch's import, seconds) overlap the trusted worker's init;
+            # they get their init, and the original's compiled kernels, once the trusted worker has made them.
+            early = [self._spawn("trusted")] if self.second_trusted else []
+            early += [self._spawn("candidate") for _ in range(self.spare_count)]
             init = self._ready(self._trusted, "the trusted worker")
             self.original_effects = tuple(str(n) for n in init.get("original_effects") or ())
             self.original_imports = dict(init.get("original_imports") or {})
@@ -186,9 +191,12 @@ class Gate:
             self._confirming: TrustedReference | None = None
             if not self.memory.fits:
                 self.memory_problem = self.memory.message(self.label)
+                for worker in early:
+                    worker.kill()
             else:
-                # The confirmation's trusted worker (see _confirmation_reference) starts now, from the template.
-                self._second = self._start_worker("trusted") if self.second_trusted else None
+                # The confirmation's trusted worker (see _confirmation_reference) and the spares, started above.
+                self._second = self._arm(early.pop(0)) if self.second_trusted else None
+                self._spares = [self._arm(worker) for worker in early]
                 self._top_up()
         except BaseException:
             self.close()
@@ -228,18 +236,30 @@ class Gate:
 
     # -- workers --------------------------------------------------------------------------------------
     def _start_worker(self, role: str) -> WorkerProcess:
+        # The gate's first worker (the trusted one) may be a worker started ahead of need (tilesmith.compile()).
+        adopted = standby.adopt(f"{self.label} {role} worker", self.device.type) if role == "trusted" else None
+        return self._arm(self._spawn(role, adopted))
+
+    def _spawn(self, role: str, worker: WorkerProcess | None = None) -> WorkerProcess:
+        """A started worker process for ``role`` (``worker``: an adopted standby), not yet sent its ``init``."""
         if not self._finalizer.alive:
             raise WorkerError(f"{self.label}: the gate is closed")
         for dead in [w for w in self._workers if not w.alive()]:
             dead.kill()  # reaps it and removes its folder(s), also outside the gate's (an adopted standby's)
         self._workers[:] = [w for w in self._workers if w.alive()]
-        label = f"{self.label} {role} worker"
-        # The gate's first worker (the trusted one) may be a worker started ahead of need (tilesmith.compile()).
-        worker = standby.adopt(label, self.device.type) if role == "trusted" else None
         if worker is None:
-            worker = WorkerProcess(Path(self.dir), label=label, template=self._template, device_type=self.device.type)
+            worker = WorkerProcess(Path(self.dir), label=f"{self.label} {role} worker", template=self._template,
+                                   device_type=self.device.type)
         worker.role = role
         self._workers.append(worker)
+        return worker
+
+    def _arm(self, worker: WorkerProcess) -> WorkerProcess:
+        """Give a spawned worker what its ``init`` needs (the original's compiled kernels when it started before
+        the template existed, the gate's fields) and send that ``init`` where it may run now."""
+        role = worker.role
+        if not worker.templated and self._template is not None:
+            worker.seed_template(self._template)
         worker.init_fields = dict(
             role=role, device=str(self.device), flags=self.flags, watch=self.watch,
             constants=str(self.constants_path) if self.constants_path else None,
@@ -274,6 +294,7 @@ class Gate:
                               f"{str(err.get('message'))[:500]}. Check that the graph's inputs.pt/constants.pt "
                               f"match the wrapper.")
         worker.init_answer = answer
+        worker.init_done_at = time.monotonic()
         if worker.role == "trusted" and self._template is None:  # only the original's compiled kernels
             self._template = make_cache_template(worker, Path(self.dir) / "cache-template")
         if worker.role == "trusted":

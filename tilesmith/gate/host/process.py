@@ -205,6 +205,8 @@ class WorkerProcess:
             (self.dir / sub).mkdir(mode=0o700)
         self.seeded = copy_cache_template(template, self.dir) if template is not None else 0
         self.seeded += seed_private_cache(self.dir)
+        self.templated = template is not None
+        """Whether the original's compiled kernels (the gate's cache template) are in its private caches."""
         self.log_path = self.dir / "worker.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - lives as long as the process
         self._ids = itertools.count(1)
@@ -224,6 +226,8 @@ class WorkerProcess:
         """The ``init`` request's id; ``None`` until it is sent (a CUDA spare gets it when a gate takes it)."""
         self.init_fields: dict[str, Any] = {}
         self.init_answer: dict[str, Any] | None = None
+        self.init_done_at: float | None = None
+        """``time.monotonic()`` when the gate read its ``init`` answer."""
         self.saw: set[str] = set()
         """Sources (by SHA-256) this worker has imported; a confirmation needs one that saw none of them."""
         self.extra_dirs: tuple[Path, ...] = ()
@@ -232,7 +236,7 @@ class WorkerProcess:
         self.environ = {**worker_environment(environ, device_type), **private_environment(self.dir)}
         """The exact environment the process started with."""
         self.proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
-            [sys.executable, "-P", "-m", "tilesmith.gate.worker"],
+            [sys.executable, "-P", "-m", "tilesmith.gate.worker", f"--device-type={device_type}"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, cwd=self.dir,
             env=self.environ, start_new_session=True, close_fds=True,
         )
@@ -328,6 +332,14 @@ class WorkerProcess:
         ``/proc/<pid>/task``, native threads included) and the live processes of its session besides itself
         (children, grandchildren, daemons that kept the session). ``(0, 0)`` without ``/proc``."""
         return os_threads(self.proc.pid), len(session_processes(self.proc.pid))
+
+    def seed_template(self, template: Path) -> None:
+        """Copy the gate's cache template into this worker's private caches (a worker started before the trusted
+        worker made it; call before its ``init``: nothing reads those caches until it loads a wrapper)."""
+        if self.init_rid is not None:
+            raise WorkerError(f"{self.label}: its init was sent before the cache template was copied")
+        self.seeded += copy_cache_template(template, self.dir)
+        self.templated = True
 
     def kill(self) -> None:
         """Kill the worker's whole process group, reap it and delete its directory. Idempotent."""

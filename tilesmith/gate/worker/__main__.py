@@ -1,4 +1,5 @@
-"""Gate evaluation worker: ``python -m tilesmith.gate.worker`` (started by the host, never imported by it).
+"""Gate evaluation worker: ``python -m tilesmith.gate.worker --device-type=cuda|cpu`` (started by the host, never
+imported by it; the device type picks what it imports ahead of ``init``: :func:`.core.prewarm`).
 
 The only process in which candidate code is imported and run. It has its own CUDA context, a private
 working directory holding its own Inductor/Triton caches and temporary files, and an environment without
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 
 def _secure_stdio() -> tuple[object, int]:
@@ -78,16 +80,27 @@ def main() -> int:
     kernel_dir = os.environ.get("TILESMITH_KERNEL_DIR", "")
     auditor = audit.install(os.getcwd(), readable=(kernel_dir,) if kernel_dir else ())
     _watch_parent()
-    from tilesmith.gate.worker.core import Worker
+    from tilesmith.gate.worker.core import Worker, prewarm
 
     worker = Worker(proto_out_fd, auditor)
-    worker.announce()
+    device_type = _device_type(sys.argv[1:])
+    started = time.perf_counter()
+    prewarm(device_type)
+    worker.announce(prewarm={"device_type": device_type, "seconds": round(time.perf_counter() - started, 3)})
     for line in proto_in:  # type: ignore[attr-defined]
         if not line.strip():
             continue
         if not worker.handle(line):
             break
     return 0
+
+
+def _device_type(argv: list[str]) -> str:
+    """``--device-type=cpu`` (a CPU test-mode worker) or ``cuda`` (the default), from the host's command line."""
+    for arg in argv:
+        if arg.startswith("--device-type="):
+            return "cpu" if arg.split("=", 1)[1] == "cpu" else "cuda"
+    return "cuda"
 
 
 def leave(code: int) -> None:

@@ -89,9 +89,9 @@ class Worker:
             written = T.write(self.out_fd, data)
             data = data[written:]
 
-    def announce(self) -> None:
+    def announce(self, **extra: Any) -> None:
         info = {"type": "ready", "pid": os.getpid(), "python": platform.python_version(),
-                "torch": torch.__version__, "protocol": protocol.PROTOCOL_VERSION}
+                "torch": torch.__version__, "protocol": protocol.PROTOCOL_VERSION, **extra}
         self.send(info)
 
     def handle(self, line: bytes) -> bool:
@@ -517,6 +517,18 @@ def _preimport_inductor(device: torch.device, watch: list[str] = ()) -> None:  #
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - other torch versions: imported on first use instead
             pass
+
+
+def prewarm(device_type: str) -> None:
+    """At the process's start, before ``init`` (so a spare does it while it waits to be taken, not on a
+    candidate's critical path): import Inductor's compile machinery for ``device_type`` (``"cuda"``: Triton's
+    launcher too, no device context; ``"cpu"``: the C++ builder) and pick the CPU vector ISA (CPU test mode).
+    On the 2-core CI VM these took about half of a CPU worker's ``init`` (py-spy of bench/gate_cost.py,
+    2026-12-06). ``init`` still imports the modules the original wrapper names and everything else it did."""
+    device = torch.device("cuda" if device_type == "cuda" else "cpu")  # a name only: no device context
+    _preimport_inductor(device)
+    if device.type == "cpu":
+        _fast_cpu_probe()
 
 
 def _warm_compilers(device: torch.device) -> str:
