@@ -20,9 +20,9 @@ Usage (the pipeline)::
 
 Processes (docs/gate.md, "Workers"): one **trusted worker** per gate, started once, loads the original wrapper
 and nothing else, ever: it makes every reference output and times the original's arm for every candidate.
-Every phase of every candidate runs in a fresh **candidate worker** taken from spares started ahead (their
-start is never on the critical path once the gate is warm); the confirmation's worker imports the candidate
-while the measurement runs (it is stopped while anything is timed). An accepted incumbent, candidate code too,
+Every phase of every candidate runs in a fresh **candidate worker** taken from spares started ahead (the first
+ones with the trusted worker, the next after each take: their start is never on the critical path once the gate
+is warm); the confirmation's worker imports the candidate while the measurement runs (it is stopped while anything is timed). An accepted incumbent, candidate code too,
 runs in its own **incumbent worker**, kept while it stays the incumbent. Not thread-safe: use one Gate from one
 thread.
 """
