@@ -33,13 +33,16 @@ if [[ -z "${TILESMITH_BWRAP:-}" ]] && ! command -v bwrap >/dev/null 2>&1 && comp
   scripts/bwrap-bundle.sh install .device/bwrap-debs /tmp/tilesmith-bwrap && export TILESMITH_BWRAP=/tmp/tilesmith-bwrap/bwrap
 fi
 parts=("$@"); [[ ${#parts[@]} -eq 0 ]] && parts=(tests main overhead)
+# pytest adds -q and -v up: a -v in PYTEST_ARGS would only cancel the default -q (session 14's log had dots only).
+# PYTEST_ARGS is split on spaces: pass node ids through GPU_TESTS rather than -k "a or b".
+QUIET=-q; [[ " ${PYTEST_ARGS:-} " =~ \ -v+\  ]] && QUIET=
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 "$PY" -c "import torch, triton, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
 rc=0
 for part in "${parts[@]}"; do
   echo "=== $part ($(date +%T))"
   case "$part" in
-    tests)    "$PY" -m pytest -q -ra -s -m gpu -p no:cacheprovider ${PYTEST_ARGS:-} ${GPU_TESTS:-tests/gpu tests/test_roofline.py \
+    tests)    "$PY" -m pytest $QUIET -ra -s -m gpu -p no:cacheprovider ${PYTEST_ARGS:-} ${GPU_TESTS:-tests/gpu tests/test_roofline.py \
                 tests/test_bench_suite.py tests/test_llm_profiling.py} 2>&1 | tee "$OUT/gpu-tests.log" | grep -vE "^DEBUG" ; rc=$((rc|${PIPESTATUS[0]})) ;;
     main)     "$PY" examples/main_job.py 2>&1 | tee "$OUT/main-job.log"; rc=$((rc|${PIPESTATUS[0]})) ;;
     overhead) "$PY" bench/call_overhead.py 2>&1 | tee "$OUT/call-overhead.log"; rc=$((rc|${PIPESTATUS[0]})) ;;
@@ -57,11 +60,11 @@ for part in "${parts[@]}"; do
               cp "$bout"/results.json "$bout"/results.md "$bout"/limits.json "$OUT/benchmarks/" 2>/dev/null
               cp "$bout"/results.png "$OUT/benchmarks/" 2>/dev/null; cp "$bout"/logs/*.log "$OUT/benchmarks/logs/" 2>/dev/null
               ;;
-    verify)   "$PY" -m pytest -q -ra -s -m gpu -p no:cacheprovider ${PYTEST_ARGS:-} tests/gpu/test_verify_gpu.py 2>&1 | tee "$OUT/verify-tests.log" \
+    verify)   "$PY" -m pytest $QUIET -ra -s -m gpu -p no:cacheprovider ${PYTEST_ARGS:-} tests/gpu/test_verify_gpu.py 2>&1 | tee "$OUT/verify-tests.log" \
                 | grep -vE "^DEBUG"; rc=$((rc|${PIPESTATUS[0]}))
               "$PY" bench/verify_cost.py --device cuda --out "$OUT" 2>&1 | tee "$OUT/verify-cost.log"; rc=$((rc|${PIPESTATUS[0]})) ;;
     calib)    "$PY" bench/gate_calibration.py ${CALIB_ARGS:-} 2>&1 | tee "$OUT/gate-calibration.log"; rc=$((rc|${PIPESTATUS[0]})) ;;
-    llm)      "$PY" -m pytest -q -ra -s -m gpu -p no:cacheprovider ${PYTEST_ARGS:-} tests/gpu/test_llm_e2e_gpu.py tests/gpu/test_llm_shell_gpu.py 2>&1 | tee "$OUT/llm-e2e.log"; rc=$((rc|${PIPESTATUS[0]})) ;;
+    llm)      "$PY" -m pytest $QUIET -ra -s -m gpu -p no:cacheprovider ${PYTEST_ARGS:-} tests/gpu/test_llm_e2e_gpu.py tests/gpu/test_llm_shell_gpu.py 2>&1 | tee "$OUT/llm-e2e.log"; rc=$((rc|${PIPESTATUS[0]})) ;;
     *)        echo "unknown part $part"; rc=2 ;;
   esac
 done
