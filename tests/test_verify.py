@@ -212,8 +212,8 @@ def test_thread_started_on_a_checked_call_is_caught(stand_in_gate, monkeypatch, 
 @pytest.mark.parametrize("starter", [vs.thread_starter_threading, vs.thread_starter_low_level],
                          ids=["threading", "_thread"])
 def test_thread_started_on_an_unchecked_call_is_caught_at_the_next_check(stand_in_gate, monkeypatch, starter):
-    compiled, _ = _compile(starter(2), "first=1,every=off,interval=0.3", monkeypatch)
-    _drive(compiled, 1 + 3, pause_before=1 + 2, pause_s=0.6)
+    compiled, _ = _compile(starter(2), "first=1,every=off,interval=1.0", monkeypatch)
+    _drive(compiled, 1 + 3, pause_before=1 + 2, pause_s=1.5)
     assert "call 3 since install" in _failure(compiled).message
 
 
@@ -532,8 +532,8 @@ def test_global_state_changed_on_a_checked_call_is_caught(stand_in_gate, monkeyp
                          ids=["extern_kernels", "backends-flag"])
 def test_global_state_changed_on_an_unchecked_call_is_caught_at_the_next_check(stand_in_gate, monkeypatch,
                                                                                restored, changer):
-    compiled, _ = _compile(changer(2), "first=1,every=off,interval=0.3,threads=off", monkeypatch)
-    _drive(compiled, 1 + 3, pause_before=1 + 2, pause_s=0.6)
+    compiled, _ = _compile(changer(2), "first=1,every=off,interval=1.0,threads=off", monkeypatch)
+    _drive(compiled, 1 + 3, pause_before=1 + 2, pause_s=1.5)
     assert "call 3 since install" in _failure(compiled).message
 
 

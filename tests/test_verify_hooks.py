@@ -141,8 +141,8 @@ def test_r4_mode_check_is_off_with_the_state_policy(stand_in_gate, monkeypatch, 
                                       ("type_setattr", "torch.nn.modules.module.Module.__call__")])
 def test_r3_torch_class_patched_on_an_unchecked_call_is_caught_at_the_next_check(stand_in_gate, monkeypatch,
                                                                                   restored, how, key):
-    compiled, _ = _compile(linear_patcher(2, how), "first=1,every=off,interval=0.3,threads=off", monkeypatch)
-    _drive(compiled, 1 + 3, pause_before=1 + 2, pause_s=1.1)  # the class digest is compared at most once a second
+    compiled, _ = _compile(linear_patcher(2, how), "first=1,every=off,interval=1.0,threads=off", monkeypatch)
+    _drive(compiled, 1 + 3, pause_before=1 + 2, pause_s=1.5)  # the class digest is compared at most once a second
     _uninstalled(compiled, "call 3 since install", key)
 
 
@@ -158,6 +158,6 @@ def test_r7_hook_replaced_on_a_checked_call_fails_and_is_put_back(stand_in_gate,
 @pytest.mark.parametrize("how, key", [("showwarning", "warnings.showwarning"), ("excepthook", "sys.excepthook")])
 def test_r7_hook_replaced_on_an_unchecked_call_is_caught_at_the_next_check(stand_in_gate, monkeypatch, restored,
                                                                            how, key):
-    compiled, _ = _compile(hook_replacer(2, how), "first=1,every=off,interval=0.3,threads=off", monkeypatch)
-    _drive(compiled, 1 + 3, pause_before=1 + 2, pause_s=0.6)
+    compiled, _ = _compile(hook_replacer(2, how), "first=1,every=off,interval=1.0,threads=off", monkeypatch)
+    _drive(compiled, 1 + 3, pause_before=1 + 2, pause_s=1.5)
     _uninstalled(compiled, "call 3 since install", key)
