@@ -158,3 +158,20 @@ def test_clone_layout_copies_only_the_reachable_storage():
     copy = clone_layout(view)
     assert torch.equal(copy, view) and copy.storage_offset() == 500
     assert copy.untyped_storage().nbytes() == 510 * 4
+
+
+def test_variant_moments_are_memoized_per_tensor_and_recomputed_after_an_in_place_change():
+    """A worker builds every variant from the same base tensors, so their moments are computed once; an in-place
+    change (a new version) or another tensor at a reused address is never served stale moments."""
+    from tilesmith.gate import inputs
+
+    t = torch.randn(64, 64, generator=torch.Generator().manual_seed(3))
+    first = inputs._float_moments(t)
+    assert inputs._float_moments(t) == first and inputs._MOMENTS[id(t)][2] == first
+    t.mul_(10.0)
+    mean, std = inputs._float_moments(t)
+    assert std == pytest.approx(10 * first[1], rel=1e-6) and mean == pytest.approx(10 * first[0], rel=1e-6)
+    other = torch.full((8,), 5.0)
+    assert inputs._float_moments(other) == (5.0, 0.5)  # std 0: a tenth of the mean
+    same_values = [inputs.build([t.clone()], inputs.recipe("random", 7)) for _ in range(2)]
+    assert torch.equal(same_values[0][0], same_values[1][0])

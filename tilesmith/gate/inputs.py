@@ -32,6 +32,7 @@ seed that exposed a failure.
 from __future__ import annotations
 
 import re
+import weakref
 from typing import Any
 
 import torch
@@ -62,7 +63,29 @@ def _storage_tail(t: torch.Tensor) -> torch.Tensor:
     return torch.as_strided(t, (storage_extent(t),), (1,), t.storage_offset())
 
 
+_MOMENTS: dict[int, tuple[Any, int, tuple[float, float]]] = {}
+"""``id(tensor) → (weak reference, version, (mean, std))``: a worker builds every variant from the same base
+tensors, so their moments (a float64 pass over each, the largest single cost of building a variant on the CPU:
+py-spy, 2026-12-06) are computed once per base tensor and in-place version."""
+
+
 def _float_moments(t: torch.Tensor) -> tuple[float, float]:
+    """Mean and standard deviation of the finite values of ``t`` (memoized per tensor object and version)."""
+    hit = _MOMENTS.get(id(t))
+    if hit is not None and hit[0]() is t and hit[1] == t._version:
+        return hit[2]
+    moments = _compute_moments(t)
+    try:
+        ref = weakref.ref(t)
+    except TypeError:
+        return moments
+    if len(_MOMENTS) >= 256:
+        _MOMENTS.clear()
+    _MOMENTS[id(t)] = (ref, t._version, moments)
+    return moments
+
+
+def _compute_moments(t: torch.Tensor) -> tuple[float, float]:
     values = t.detach().reshape(-1).to(torch.float64 if t.numel() <= 1 << 24 else torch.float32)
     values = values[torch.isfinite(values)]
     if values.numel() == 0:
