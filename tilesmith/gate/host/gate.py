@@ -22,9 +22,9 @@ Processes (docs/gate.md, "Workers"): one **trusted worker** per gate, started on
 and nothing else, ever: it makes every reference output and times the original's arm for every candidate.
 Every phase of every candidate runs in a fresh **candidate worker** taken from spares started ahead (the first
 ones with the trusted worker, the next after each take: their start is never on the critical path once the gate
-is warm); the confirmation's worker imports the candidate while the measurement runs (it is stopped while anything is timed). An accepted incumbent, candidate code too,
-runs in its own **incumbent worker**, kept while it stays the incumbent. Not thread-safe: use one Gate from one
-thread.
+is warm); the confirmation's worker imports the candidate while the measurement runs (it is stopped while
+anything is timed). An accepted incumbent, candidate code too, runs in its own **incumbent worker**, kept while
+it stays the incumbent. Not thread-safe: use one Gate from one thread.
 """
 
 from __future__ import annotations
@@ -237,19 +237,20 @@ class Gate:
     # -- workers --------------------------------------------------------------------------------------
     def _start_worker(self, role: str) -> WorkerProcess:
         # The gate's first worker (the trusted one) may be a worker started ahead of need (tilesmith.compile()).
-        adopted = standby.adopt(f"{self.label} {role} worker", self.device.type) if role == "trusted" else None
-        return self._arm(self._spawn(role, adopted))
+        return self._arm(self._spawn(role, adopt=role == "trusted"))
 
-    def _spawn(self, role: str, worker: WorkerProcess | None = None) -> WorkerProcess:
-        """A started worker process for ``role`` (``worker``: an adopted standby), not yet sent its ``init``."""
+    def _spawn(self, role: str, *, adopt: bool = False) -> WorkerProcess:
+        """A started worker process for ``role`` (with ``adopt``, the standby worker when one matches), not yet
+        sent its ``init``."""
         if not self._finalizer.alive:
             raise WorkerError(f"{self.label}: the gate is closed")
         for dead in [w for w in self._workers if not w.alive()]:
             dead.kill()  # reaps it and removes its folder(s), also outside the gate's (an adopted standby's)
         self._workers[:] = [w for w in self._workers if w.alive()]
+        label = f"{self.label} {role} worker"
+        worker = standby.adopt(label, self.device.type) if adopt else None
         if worker is None:
-            worker = WorkerProcess(Path(self.dir), label=f"{self.label} {role} worker", template=self._template,
-                                   device_type=self.device.type)
+            worker = WorkerProcess(Path(self.dir), label=label, template=self._template, device_type=self.device.type)
         worker.role = role
         self._workers.append(worker)
         return worker
