@@ -4,8 +4,9 @@
 
 CUDA when available, CPU test mode otherwise (``TILESMITH_ALLOW_CPU=1`` is set here). Graphs:
 
-- ``small``: ``(x @ a) @ b`` (tests/gate_support.py ``Chain``; CPU 512×768, CUDA 8192×4096), an identical
-  candidate (rejected) and the reassociated one (5–7× faster on the CPU: accepted after the confirmation);
+- ``small``: ``(x @ a) @ b`` (tests/gate_support.py ``Chain``; CPU 512×768, CUDA 8192×4096, or ``--small-shape
+  M,N``), an identical candidate (rejected) and the reassociated one ``x @ (a @ b)`` (5–7× faster on the CPU; on
+  CUDA ``2MN² / (N³ + MN²)``× fewer FLOP, 1.33× at 8192×4096, 1.6× at 4096×1024): accepted after the confirmation;
 - ``medium``: a softmax whose output is ``--medium-mib`` MiB of fp32 (default 32), identical candidate only.
 
 Per evaluation: the verdict, ``wall_s``, each phase's step seconds from the gate's profile JSON, and with
@@ -98,6 +99,8 @@ def main() -> int:
     ap.add_argument("--graphs", default="small,medium")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--medium-mib", type=int, default=32)
+    ap.add_argument("--small-shape", default=None, metavar="M,N",
+                    help="the chain's x rows and width (default: CUDA 8192,4096 (~5 ms a call on an H200), CPU 512,768)")
     ap.add_argument("--profile", action="store_true")
     a = ap.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -106,8 +109,9 @@ def main() -> int:
     torch.manual_seed(2)
     for name in a.graphs.split(","):
         if name == "small":
-            m = 8192 if dev == "cuda" else 512
-            n = 4096 if dev == "cuda" else 768
+            m, n = (8192, 4096) if dev == "cuda" else (512, 768)
+            if a.small_shape:
+                m, n = (int(v) for v in a.small_shape.split(","))
             cap = gs.capture(gs.Chain(n).to(dev), torch.randn(m, n, device=dev))[0]
             cands = [("identical", cap.source), ("faster", gs.reassociate_chain(cap.source))]
         elif name == "medium":
