@@ -51,7 +51,7 @@ from tilesmith.gate import torchstate
 from tilesmith.gate.host import report as reports
 from tilesmith.gate.host import standby, stats, timing
 from tilesmith.gate.host.compare import TOLERANCES
-from tilesmith.gate.host.memory import MemoryPlan, plan_from
+from tilesmith.gate.host.memory import CONTEXT_BYTES, MemoryPlan, plan_from
 from tilesmith.gate.host.phase import PhaseConfig, PhaseResult, Variants, run_phase, status_for
 from tilesmith.gate.host.problem import GateProblem
 from tilesmith.gate.host.caches import make_cache_template
@@ -282,6 +282,23 @@ class Gate:
         if worker.init_rid is None:
             worker.init_rid = worker.send("init", **worker.init_fields)
 
+    def _preinit(self) -> None:
+        """CUDA: send ``init`` (device context, inputs on the device) to every spare that has finished starting,
+        at a moment when nothing is timed, so that the next candidate does not wait for it (it used to be sent
+        only when the spare was taken: on the critical path of every measurement). Only where the spares' device
+        copies fit easily: their context and inputs at most a quarter of what the memory plan leaves free
+        beyond one candidate worker's needs. An inited spare is stopped while anything is timed
+        (:class:`~tilesmith.gate.host.timing.Quiescence`), like every worker that holds a device context."""
+        if self.device.type != "cuda" or self.memory_problem is not None:
+            return
+        plan = self.memory
+        if plan.free > 0 and (CONTEXT_BYTES + 2 * plan.input_bytes) * max(1, self.spare_count) \
+                > max(0, plan.free - plan.minimum) // 4:
+            return
+        for worker in self._spares:
+            if worker.init_rid is None and worker.poll_ready():
+                self._send_init(worker)
+
     def _ready(self, worker: WorkerProcess, what: str) -> dict[str, Any]:
         if worker.init_answer is not None:
             return worker.init_answer
@@ -431,6 +448,7 @@ class Gate:
         verdict = Verdict(accepted=verdict.accepted, status=verdict.status, reasons=verdict.reasons,
                           failures=verdict.failures, timing=verdict.timing, confirmation=verdict.confirmation,
                           report_path=None, evaluation_id=eval_id, wall_s=round(time.monotonic() - started, 3))
+        self._preinit()  # nothing is timed until the next evaluation
         path = self._write_report(eval_id, candidate, incumbent, verdict, phases, static, recheck)
         if path is not None:
             verdict = Verdict(**{**verdict.__dict__, "report_path": str(path)})
@@ -470,6 +488,7 @@ class Gate:
                 return self._slow(verdict1, first.timing, None, "measurement")
             if recheck:
                 return Verdict(True, "accepted", (), timing=first.timing)
+            self._preinit()  # between the phases: the next candidate's spare inits during the confirmation's checks
             second_worker = preload.pop("worker", None)
             rid = preload.pop("rid", None)
             if second_worker is None or not second_worker.alive():

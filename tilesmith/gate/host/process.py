@@ -264,6 +264,26 @@ class WorkerProcess:
             self.ready_info = msg
         return self.ready_info
 
+    def poll_ready(self) -> bool:
+        """Whether the worker has greeted (its interpreter and torch import are done), without waiting: reads
+        what it has written so far. False while it is stopped, dead, or still starting."""
+        if self.ready_info is not None:
+            return True
+        if self.stopped or self.proc.poll() is not None:
+            return False
+        if b"\n" not in self._buffer:
+            ready, _, _ = select.select([self._out_fd], [], [], 0)
+            if not ready:
+                return False
+            chunk = os.read(self._out_fd, 1 << 16)
+            if not chunk:
+                return False  # it died: the next request reports how
+            self._buffer += chunk
+            if b"\n" not in self._buffer:
+                return False
+        self.wait_ready(settings.get("TILESMITH_WORKER_START_TIMEOUT_S"))  # the greeting is buffered: no wait
+        return True
+
     # -- quiescence (docs/gate.md, "Quiescence") ----------------------------------------------------
     def stop(self, timeout_s: float = 2.0) -> bool:
         """SIGSTOP the worker's whole process group (compiler children included) and wait until every thread
