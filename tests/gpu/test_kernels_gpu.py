@@ -127,11 +127,14 @@ SOFTMAX_CASES = [  # rows, D, dtype, dual, scale, bias
     (64, 8192, F32, True, 1.0, False), (33, 1000, F32, False, 0.5, True), (7, 1, F32, False, 1.0, False),
     (5, 16387, F32, False, 1.0, False), (3, 40000, BF, False, 1.0, True), (128, 4096, BF, False, 0.125, True),
     (16, 2048, F16, True, 2.0, False), (4, 8195, F32, True, 1.0, True), (9, 333, BF, True, 1.0, True),
+    # staged kernel (rows of >= 32 KB per row pair): more rows than SMs x stages, so every stage is refilled
+    (1000, 8192, F32, True, 1.0, False), (300, 8192, F32, False, 0.5, True), (2000, 16384, BF, False, 1.0, True),
+    (500, 8192, BF, True, 1.0, True), (1500, 16384, F16, False, 0.25, False), (20, 12288, F32, False, 1.0, False),
 ]
 
 
 @pytest.mark.parametrize("rows,d,dtype,dual,scale,bias", SOFTMAX_CASES)
-@pytest.mark.parametrize("variant", [0, 2])
+@pytest.mark.parametrize("variant", [0, 1, 2, 3])
 def test_softmax_matches_the_reference(kernels, rows, d, dtype, dual, scale, bias, variant):
     mod = kernels["softmax"]
     g = torch.Generator(device=DEV).manual_seed(rows * d)
@@ -150,11 +153,20 @@ def test_softmax_register_kernel_capacity_and_the_issue_shape(kernels):
     mod = kernels["softmax"]
     assert mod.register_capacity(F32, True) == 8192 and mod.register_capacity(F32, False) == 16384
     a, b = torch.randn(32768, 8192, device=DEV), torch.randn(32768, 8192, device=DEV)
-    got = mod.softmax(a, b, 1.0, None, 1.0, None, 1)
-    close(got, (torch.softmax(a.double(), -1) + torch.softmax(b.double(), -1)), F32)
+    want = torch.softmax(a.double(), -1) + torch.softmax(b.double(), -1)
+    staged = torch.cuda.get_device_capability()[0] >= 9
+    assert mod.softmax_kernel(a, b, 0) == ("staged" if staged else "register")
+    assert mod.softmax_kernel(a, b, 1) == "register" and mod.softmax_kernel(a, b, 2) == "looped"
+    assert mod.softmax_kernel(a, b, 3) == ("staged" if staged else "register")
+    for variant in (1, 3):
+        close(mod.softmax(a, b, 1.0, None, 1.0, None, variant), want, F32)
+    del want
+    assert mod.softmax_kernel(a[:, :4096], b[:, :4096], 0) == ("staged" if staged else "register")  # 32 KB pairs
+    assert mod.softmax_kernel(a[:, :2048], b[:, :2048], 0) == "register"  # 16 KB pairs: many blocks per SM instead
+    assert mod.softmax_kernel(a[:, 1:8193 - 4], None, 3) == "register"  # misaligned rows: no bulk copies
 
 
-@pytest.mark.parametrize("variant", [0, 2])
+@pytest.mark.parametrize("variant", [0, 2, 3])
 @pytest.mark.parametrize("d", [256, 8192, 20000])
 def test_softmax_special_values_follow_torch(kernels, variant, d):
     mod = kernels["softmax"]
@@ -178,6 +190,10 @@ def test_softmax_strided_and_misaligned_rows(kernels):
     flat = torch.randn(16 * 1000 + 1, device=DEV)
     mis = flat[1:].view(16, 1000)
     close(mod.softmax(mis, mis, 1.0, None, 1.0, None, 0), 2 * torch.softmax(mis.double(), -1), F32)
+    wide = torch.randn(400, 16384, device=DEV)[:, 4096:12288]  # row stride 16384, 16-byte aligned: staged
+    for variant in (0, 1, 3):
+        close(mod.softmax(wide, wide, 1.0, None, 0.5, None, variant),
+              torch.softmax(wide.double(), -1) + torch.softmax(wide.double() * 0.5, -1), F32)
     a3 = torch.randn(2, 3, 512, device=DEV)
     got = mod.softmax(a3, None, 1.0, None, 1.0, None, 0)
     assert got.shape == a3.shape and got.is_contiguous()
