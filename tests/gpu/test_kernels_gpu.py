@@ -207,11 +207,14 @@ NORM_CASES = [  # rows, D, dtype, layer_norm, residual, weight, bias, return_sum
     (7, 1001, BF, True, True, True, True, False, False), (3, 16384, F32, False, False, True, False, False, False),
     (5, 16384, BF, True, True, False, False, False, False), (9, 100, F16, False, True, True, False, True, False),
     (4, 1, F32, True, False, True, True, False, False), (33, 768, F32, True, True, True, True, True, False),
+    (300, 4096, F16, True, True, True, True, True, False), (64, 16384, BF, False, True, True, False, True, True),
+    (17, 16384, F32, True, True, True, True, False, False), (11, 4104, BF, True, True, True, True, True, False),
 ]
 
 
 @pytest.mark.parametrize("rows,d,dtype,ln,res,weight,bias,ret,rbw", NORM_CASES)
-def test_norms_match_the_reference(kernels, rows, d, dtype, ln, res, weight, bias, ret, rbw):
+@pytest.mark.parametrize("variant", [0, 1])
+def test_norms_match_the_reference(kernels, rows, d, dtype, ln, res, weight, bias, ret, rbw, variant):
     mod = kernels["norm"]
     g = torch.Generator(device=DEV).manual_seed(rows + d)
     x = (torch.randn(rows, d, device=DEV, generator=g) * 2 + 0.5).to(dtype)
@@ -219,9 +222,9 @@ def test_norms_match_the_reference(kernels, rows, d, dtype, ln, res, weight, bia
     w = (torch.rand(d, device=DEV, generator=g) + 0.5).to(dtype) if weight else None
     b = torch.randn(d, device=DEV, generator=g).to(dtype) if bias else None
     if ln:
-        got, want = mod.layer_norm(x, r, w, b, 1e-5, ret), ref.layer_norm(x, r, w, b, 1e-5, ret)
+        got, want = mod.layer_norm(x, r, w, b, 1e-5, ret, variant), ref.layer_norm(x, r, w, b, 1e-5, ret)
     else:
-        got, want = mod.rms_norm(x, r, w, 1e-6, rbw, ret), ref.rms_norm(x, r, w, 1e-6, rbw, ret)
+        got, want = mod.rms_norm(x, r, w, 1e-6, rbw, ret, variant), ref.rms_norm(x, r, w, 1e-6, rbw, ret)
     assert len(got) == len(want) == (2 if ret else 1)
     close(got[0], want[0].double(), dtype, rtol=3e-5 if dtype == F32 else None, atol=3e-6 if dtype == F32 else None)
     if ret:
@@ -238,6 +241,11 @@ def test_norm_issue_shape_strided_input_and_limits(kernels):
     out, h = mod.rms_norm(x, r, w, 1e-6, True, True)
     close(out, ref.rms_norm(x, r, w, 1e-6, True)[0].double(), BF)
     assert torch.equal(h, x + r)
+    b = torch.randn(4096, device=DEV, dtype=BF)
+    want = torch.nn.functional.layer_norm((x + r).double(), (4096,), w.double(), b.double(), 1e-5)
+    for variant in (0, 1):
+        close(mod.layer_norm(x, r, w, b, 1e-5, False, variant)[0], want, BF)
+    del want
     big = torch.randn(64, 8192, device=DEV, dtype=BF)
     xs = big[:, :4096]
     close(mod.layer_norm(xs, None, w, None, 1e-5, False)[0], ref.layer_norm(xs, None, w)[0].double(), BF)
