@@ -68,7 +68,7 @@ def int8_operands(m, n, k, *, seed=0, out=BF, scale_dtype=BF):
 
 
 @pytest.mark.parametrize("m,n,k", INT8_SHAPES)
-@pytest.mark.parametrize("variant", [0, 1, 2, 3])
+@pytest.mark.parametrize("variant", [0, 1, 2, 3, 4])
 def test_int8_linear_matches_the_reference(kernels, m, n, k, variant):
     mod = kernels["int8_linear"]
     x, w, s, b, r = int8_operands(m, n, k)
@@ -109,7 +109,10 @@ def test_int8_linear_picks_its_kernel_and_refuses_what_it_cannot_take(kernels):
     mod = kernels["int8_linear"]
     x1, w, *_ = int8_operands(1, 64, 1024)
     x8, *_ = int8_operands(8, 64, 1024)
-    assert mod.int8_linear_kernel(x1, w, 0) == "fma" and mod.int8_linear_kernel(x8, w, 0) == "mma"
+    assert mod.int8_linear_kernel(x1, w, 0) == "fma_splitk" and mod.int8_linear_kernel(x8, w, 0) == "mma"
+    assert mod.int8_linear_kernel(x1, w, 1) == "fma" and mod.int8_linear_kernel(x1, w, 4) == "fma_splitk"
+    x2, *_ = int8_operands(2, 64, 1024)
+    assert mod.int8_linear_kernel(x2, w, 0) == "fma" and mod.int8_linear_kernel(x2, w, 4) == "fma"
     xo, wo, *_ = int8_operands(2, 64, 1000)
     assert mod.int8_linear_kernel(xo, wo, 0) == "scalar"
     x17, *_ = int8_operands(17, 64, 1024)
