@@ -68,7 +68,7 @@ def int8_operands(m, n, k, *, seed=0, out=BF, scale_dtype=BF):
 
 
 @pytest.mark.parametrize("m,n,k", INT8_SHAPES)
-@pytest.mark.parametrize("variant", [0, 1, 2, 3])
+@pytest.mark.parametrize("variant", [0, 1, 2, 3, 4])
 def test_int8_linear_matches_the_reference(kernels, m, n, k, variant):
     mod = kernels["int8_linear"]
     x, w, s, b, r = int8_operands(m, n, k)
@@ -109,7 +109,10 @@ def test_int8_linear_picks_its_kernel_and_refuses_what_it_cannot_take(kernels):
     mod = kernels["int8_linear"]
     x1, w, *_ = int8_operands(1, 64, 1024)
     x8, *_ = int8_operands(8, 64, 1024)
-    assert mod.int8_linear_kernel(x1, w, 0) == "fma" and mod.int8_linear_kernel(x8, w, 0) == "mma"
+    assert mod.int8_linear_kernel(x1, w, 0) == "fma_splitk" and mod.int8_linear_kernel(x8, w, 0) == "mma"
+    assert mod.int8_linear_kernel(x1, w, 1) == "fma" and mod.int8_linear_kernel(x1, w, 4) == "fma_splitk"
+    x2, *_ = int8_operands(2, 64, 1024)
+    assert mod.int8_linear_kernel(x2, w, 0) == "fma" and mod.int8_linear_kernel(x2, w, 4) == "fma"
     xo, wo, *_ = int8_operands(2, 64, 1000)
     assert mod.int8_linear_kernel(xo, wo, 0) == "scalar"
     x17, *_ = int8_operands(17, 64, 1024)
@@ -127,11 +130,14 @@ SOFTMAX_CASES = [  # rows, D, dtype, dual, scale, bias
     (64, 8192, F32, True, 1.0, False), (33, 1000, F32, False, 0.5, True), (7, 1, F32, False, 1.0, False),
     (5, 16387, F32, False, 1.0, False), (3, 40000, BF, False, 1.0, True), (128, 4096, BF, False, 0.125, True),
     (16, 2048, F16, True, 2.0, False), (4, 8195, F32, True, 1.0, True), (9, 333, BF, True, 1.0, True),
+    # staged kernel (rows of >= 32 KB per row pair): more rows than SMs x stages, so every stage is refilled
+    (1000, 8192, F32, True, 1.0, False), (300, 8192, F32, False, 0.5, True), (2000, 16384, BF, False, 1.0, True),
+    (500, 8192, BF, True, 1.0, True), (1500, 16384, F16, False, 0.25, False), (20, 12288, F32, False, 1.0, False),
 ]
 
 
 @pytest.mark.parametrize("rows,d,dtype,dual,scale,bias", SOFTMAX_CASES)
-@pytest.mark.parametrize("variant", [0, 2])
+@pytest.mark.parametrize("variant", [0, 1, 2, 3])
 def test_softmax_matches_the_reference(kernels, rows, d, dtype, dual, scale, bias, variant):
     mod = kernels["softmax"]
     g = torch.Generator(device=DEV).manual_seed(rows * d)
@@ -150,11 +156,20 @@ def test_softmax_register_kernel_capacity_and_the_issue_shape(kernels):
     mod = kernels["softmax"]
     assert mod.register_capacity(F32, True) == 8192 and mod.register_capacity(F32, False) == 16384
     a, b = torch.randn(32768, 8192, device=DEV), torch.randn(32768, 8192, device=DEV)
-    got = mod.softmax(a, b, 1.0, None, 1.0, None, 1)
-    close(got, (torch.softmax(a.double(), -1) + torch.softmax(b.double(), -1)), F32)
+    want = torch.softmax(a.double(), -1) + torch.softmax(b.double(), -1)
+    staged = torch.cuda.get_device_capability()[0] >= 9
+    assert mod.softmax_kernel(a, b, 0) == ("staged" if staged else "register")
+    assert mod.softmax_kernel(a, b, 1) == "register" and mod.softmax_kernel(a, b, 2) == "looped"
+    assert mod.softmax_kernel(a, b, 3) == ("staged" if staged else "register")
+    for variant in (1, 3):
+        close(mod.softmax(a, b, 1.0, None, 1.0, None, variant), want, F32)
+    del want
+    assert mod.softmax_kernel(a[:, :4096], b[:, :4096], 0) == ("staged" if staged else "register")  # 32 KB pairs
+    assert mod.softmax_kernel(a[:, :2048], b[:, :2048], 0) == "register"  # 16 KB pairs: many blocks per SM instead
+    assert mod.softmax_kernel(a[:, 1:8193 - 4], None, 3) == "register"  # misaligned rows: no bulk copies
 
 
-@pytest.mark.parametrize("variant", [0, 2])
+@pytest.mark.parametrize("variant", [0, 2, 3])
 @pytest.mark.parametrize("d", [256, 8192, 20000])
 def test_softmax_special_values_follow_torch(kernels, variant, d):
     mod = kernels["softmax"]
@@ -178,6 +193,10 @@ def test_softmax_strided_and_misaligned_rows(kernels):
     flat = torch.randn(16 * 1000 + 1, device=DEV)
     mis = flat[1:].view(16, 1000)
     close(mod.softmax(mis, mis, 1.0, None, 1.0, None, 0), 2 * torch.softmax(mis.double(), -1), F32)
+    wide = torch.randn(400, 16384, device=DEV)[:, 4096:12288]  # row stride 16384, 16-byte aligned: staged
+    for variant in (0, 1, 3):
+        close(mod.softmax(wide, wide, 1.0, None, 0.5, None, variant),
+              torch.softmax(wide.double(), -1) + torch.softmax(wide.double() * 0.5, -1), F32)
     a3 = torch.randn(2, 3, 512, device=DEV)
     got = mod.softmax(a3, None, 1.0, None, 1.0, None, 0)
     assert got.shape == a3.shape and got.is_contiguous()
@@ -191,11 +210,14 @@ NORM_CASES = [  # rows, D, dtype, layer_norm, residual, weight, bias, return_sum
     (7, 1001, BF, True, True, True, True, False, False), (3, 16384, F32, False, False, True, False, False, False),
     (5, 16384, BF, True, True, False, False, False, False), (9, 100, F16, False, True, True, False, True, False),
     (4, 1, F32, True, False, True, True, False, False), (33, 768, F32, True, True, True, True, True, False),
+    (300, 4096, F16, True, True, True, True, True, False), (64, 16384, BF, False, True, True, False, True, True),
+    (17, 16384, F32, True, True, True, True, False, False), (11, 4104, BF, True, True, True, True, True, False),
 ]
 
 
 @pytest.mark.parametrize("rows,d,dtype,ln,res,weight,bias,ret,rbw", NORM_CASES)
-def test_norms_match_the_reference(kernels, rows, d, dtype, ln, res, weight, bias, ret, rbw):
+@pytest.mark.parametrize("variant", [0, 1])
+def test_norms_match_the_reference(kernels, rows, d, dtype, ln, res, weight, bias, ret, rbw, variant):
     mod = kernels["norm"]
     g = torch.Generator(device=DEV).manual_seed(rows + d)
     x = (torch.randn(rows, d, device=DEV, generator=g) * 2 + 0.5).to(dtype)
@@ -203,9 +225,9 @@ def test_norms_match_the_reference(kernels, rows, d, dtype, ln, res, weight, bia
     w = (torch.rand(d, device=DEV, generator=g) + 0.5).to(dtype) if weight else None
     b = torch.randn(d, device=DEV, generator=g).to(dtype) if bias else None
     if ln:
-        got, want = mod.layer_norm(x, r, w, b, 1e-5, ret), ref.layer_norm(x, r, w, b, 1e-5, ret)
+        got, want = mod.layer_norm(x, r, w, b, 1e-5, ret, variant), ref.layer_norm(x, r, w, b, 1e-5, ret)
     else:
-        got, want = mod.rms_norm(x, r, w, 1e-6, rbw, ret), ref.rms_norm(x, r, w, 1e-6, rbw, ret)
+        got, want = mod.rms_norm(x, r, w, 1e-6, rbw, ret, variant), ref.rms_norm(x, r, w, 1e-6, rbw, ret)
     assert len(got) == len(want) == (2 if ret else 1)
     close(got[0], want[0].double(), dtype, rtol=3e-5 if dtype == F32 else None, atol=3e-6 if dtype == F32 else None)
     if ret:
@@ -222,6 +244,11 @@ def test_norm_issue_shape_strided_input_and_limits(kernels):
     out, h = mod.rms_norm(x, r, w, 1e-6, True, True)
     close(out, ref.rms_norm(x, r, w, 1e-6, True)[0].double(), BF)
     assert torch.equal(h, x + r)
+    b = torch.randn(4096, device=DEV, dtype=BF)
+    want = torch.nn.functional.layer_norm((x + r).double(), (4096,), w.double(), b.double(), 1e-5)
+    for variant in (0, 1):
+        close(mod.layer_norm(x, r, w, b, 1e-5, False, variant)[0], want, BF)
+    del want
     big = torch.randn(64, 8192, device=DEV, dtype=BF)
     xs = big[:, :4096]
     close(mod.layer_norm(xs, None, w, None, 1e-5, False)[0], ref.layer_norm(xs, None, w)[0].double(), BF)

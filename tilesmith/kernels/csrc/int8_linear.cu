@@ -10,6 +10,11 @@
 // Kernels:
 //  * fma:    one warp per ROWS weight rows over the whole K; each lane streams 16 weight bytes per step
 //            (UNROLL steps in flight), x from L1; CUDA-core FMAs; warp-shuffle reduction.
+//  * fma_splitk (M == 1): the same with K split between two warps of one block (reduced through shared
+//            memory, no second launch). At 4096 x 14336 the fma grid is 2048 warps, about 15 per SM: the
+//            occupancy is set by the grid, not by registers, so at most 64 KB of weight reads are in flight
+//            per SM and fewer while a warp converts and multiplies; split-K doubles the warps (31 per SM, the
+//            64-register limit) and the bytes in flight.
 //  * mma:    tensor cores (mma.sync m16n8k16 bf16, sm_80+): one block of 8 warps per 8*NT weight rows,
 //            K split across the warps (reduced through shared memory); the K order inside each 64-wide
 //            block is permuted so that every lane loads 16 contiguous weight bytes and 32 contiguous
@@ -42,23 +47,33 @@ __device__ __forceinline__ void i8x4_to_f32(uint32_t word, float (&f)[4]) {
 }
 
 // ------------------------------------------------------------------------------------------- fma path
-template <int MT, int ROWS, int UNROLL>
-__global__ void __launch_bounds__(128) int8_gemv_fma(Int8LinearArgs p) {
+// A block has kFmaGroups groups of ROWS weight rows; KSPLIT warps share each group's K range (warp
+// `group + kFmaGroups * ks` takes the ks-th 1/KSPLIT of the chunks) and are reduced through shared memory.
+constexpr int kFmaGroups = 4;
+
+// KSPLIT > 1: 64 registers (4 blocks of 256 threads per SM: the 4096 x 14336 grid of 512 blocks in one wave).
+template <int MT, int ROWS, int UNROLL, int KSPLIT>
+__global__ void __launch_bounds__(32 * kFmaGroups * KSPLIT, KSPLIT > 1 ? 8 / KSPLIT : 1) int8_gemv_fma(Int8LinearArgs p) {
+  __shared__ float red[KSPLIT > 1 ? KSPLIT : 1][kFmaGroups][MT][ROWS];
   const int lane = threadIdx.x & 31;
-  const int warp_global = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  const int n0 = warp_global * ROWS;
-  if (n0 >= p.N) return;
-  const int chunks = p.K >> 4;  // 16 int8 per chunk
+  const int group = (threadIdx.x >> 5) % kFmaGroups, ks = (threadIdx.x >> 5) / kFmaGroups;
+  const int n0 = (blockIdx.x * kFmaGroups + group) * ROWS;
+  if (KSPLIT == 1 && n0 >= p.N) return;  // (with KSPLIT > 1 every warp reaches the barrier below)
+  const int chunks_all = p.K >> 4;  // 16 int8 per chunk
+  const int per = (chunks_all + KSPLIT - 1) / KSPLIT;
+  const int c_begin = KSPLIT == 1 ? 0 : min(chunks_all, ks * per);
+  const int chunks = KSPLIT == 1 ? chunks_all : min(chunks_all, c_begin + per);  // this warp's end
   const int8_t* wrow[ROWS];
 #pragma unroll
   for (int r = 0; r < ROWS; ++r) wrow[r] = p.w + static_cast<int64_t>(min(n0 + r, p.N - 1)) * p.sw;
+  const bool active = KSPLIT == 1 || n0 < p.N;  // KSPLIT == 1 returned above otherwise
   float acc[MT][ROWS];
 #pragma unroll
   for (int m = 0; m < MT; ++m)
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) acc[m][r] = 0.f;
 
-  for (int base = lane; base < chunks; base += 32 * UNROLL) {
+  for (int base = c_begin + lane; active && base < chunks; base += 32 * UNROLL) {
     uint4 wv[UNROLL][ROWS];
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
@@ -118,12 +133,38 @@ __global__ void __launch_bounds__(128) int8_gemv_fma(Int8LinearArgs p) {
       }
     }
   }
+  if constexpr (KSPLIT == 1) {
 #pragma unroll
-  for (int m = 0; m < MT; ++m) {
+    for (int m = 0; m < MT; ++m) {
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-      const float v = warp_sum(acc[m][r]);
-      if (m < p.M && n0 + r < p.N && lane == ((m * ROWS + r) & 31)) epilogue(p, m, n0 + r, v);
+      for (int r = 0; r < ROWS; ++r) {
+        const float v = warp_sum(acc[m][r]);
+        if (m < p.M && n0 + r < p.N && lane == ((m * ROWS + r) & 31)) epilogue(p, m, n0 + r, v);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) {
+        const float v = warp_sum(acc[m][r]);
+        if (lane == 0) red[ks][group][m][r] = v;
+      }
+    }
+    __syncthreads();
+    if (ks == 0) {
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+          if (m < p.M && n0 + r < p.N && lane == ((m * ROWS + r) & 31)) {
+            float v = red[0][group][m][r];
+#pragma unroll
+            for (int q = 1; q < KSPLIT; ++q) v += red[q][group][m][r];
+            epilogue(p, m, n0 + r, v);
+          }
+        }
+      }
     }
   }
 }
@@ -273,13 +314,17 @@ __global__ void __launch_bounds__(128) int8_gemv_scalar(Int8LinearArgs p) {
 }
 
 // ---------------------------------------------------------------------------------------------- launch
-enum Int8Variant : int { kAuto = 0, kFma = 1, kMma = 2, kScalar = 3 };
+enum Int8Variant : int { kAuto = 0, kFma = 1, kMma = 2, kScalar = 3, kFmaSplitK = 4 };
 
-template <int MT>
+// Auto (variant 0) runs fma_splitk rather than fma for M == 1 (false: fma, as before).
+constexpr bool kAutoFmaSplitK = true;
+
+template <int MT, int KSPLIT>
 static cudaError_t launch_fma(const Int8LinearArgs& p, cudaStream_t stream) {
-  constexpr int ROWS = 2, UNROLL = 4, WARPS = 4;
-  const int warps = (p.N + ROWS - 1) / ROWS;
-  int8_gemv_fma<MT, ROWS, UNROLL><<<(warps + WARPS - 1) / WARPS, WARPS * 32, 0, stream>>>(p);
+  constexpr int ROWS = 2, UNROLL = 4;
+  const int groups = (p.N + ROWS - 1) / ROWS;
+  int8_gemv_fma<MT, ROWS, UNROLL, KSPLIT>
+      <<<(groups + kFmaGroups - 1) / kFmaGroups, 32 * kFmaGroups * KSPLIT, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -301,25 +346,30 @@ static cudaError_t launch_mma(const Int8LinearArgs& p, cudaStream_t stream) {
 }
 
 // Which kernel runs: the vector kernels need K % 16 == 0 and 16-byte aligned x / W rows; the tensor-core
-// kernel needs sm_80+. Auto: fma for M <= 2 (no padding waste, 2 rows of x reuse), mma above.
+// kernel needs sm_80+; the split-K form of fma exists for M == 1 (variant 4 runs fma above). Auto:
+// fma_splitk (kAutoFmaSplitK) or fma for M == 1, fma for M == 2 (no padding waste, 2 rows of x reuse), mma above.
 int int8_linear_pick(const Int8LinearArgs& p, int variant, int sm_major) {
   const bool vec_ok = (p.K % 16 == 0) && aligned16(p.x) && aligned16(p.w) && (p.sx % 8 == 0) && (p.sw % 16 == 0);
   if (!vec_ok || variant == kScalar) return kScalar;
   if (variant == kFma) return kFma;
+  if (variant == kFmaSplitK) return p.M == 1 ? kFmaSplitK : kFma;
   if (variant == kMma) return sm_major >= 8 ? kMma : kFma;
-  return (p.M <= 2 || sm_major < 8) ? kFma : kMma;
+  if (p.M == 1) return kAutoFmaSplitK ? kFmaSplitK : kFma;
+  if (p.M == 2) return kFma;
+  return sm_major < 8 ? kFma : kMma;
 }
 
 cudaError_t int8_linear_launch(const Int8LinearArgs& p, int variant, int sm_major, cudaStream_t stream) {
   if (p.M <= 0 || p.N <= 0) return cudaSuccess;
   const int kind = int8_linear_pick(p, variant, sm_major);
   if (kind == kMma) return launch_mma(p, stream);
+  if (kind == kFmaSplitK) return launch_fma<1, 2>(p, stream);
   if (kind == kFma) {
-    if (p.M <= 1) return launch_fma<1>(p, stream);
-    if (p.M <= 2) return launch_fma<2>(p, stream);
-    if (p.M <= 4) return launch_fma<4>(p, stream);
-    if (p.M <= 8) return launch_fma<8>(p, stream);
-    return launch_fma<16>(p, stream);
+    if (p.M <= 1) return launch_fma<1, 1>(p, stream);
+    if (p.M <= 2) return launch_fma<2, 1>(p, stream);
+    if (p.M <= 4) return launch_fma<4, 1>(p, stream);
+    if (p.M <= 8) return launch_fma<8, 1>(p, stream);
+    return launch_fma<16, 1>(p, stream);
   }
   if (p.M <= 1) return launch_scalar<1>(p, stream);
   if (p.M <= 4) return launch_scalar<4>(p, stream);

@@ -26,7 +26,8 @@ struct Int8LinearArgs {
   long long sout;
 };
 
-// variant: 0 auto, 1 fma (CUDA cores), 2 mma (tensor cores, sm_80+), 3 scalar (any K / alignment).
+// variant: 0 auto, 1 fma (CUDA cores), 2 mma (tensor cores, sm_80+), 3 scalar (any K / alignment),
+// 4 fma_splitk (fma with K split over two warps per row pair; M == 1, fma above).
 int int8_linear_pick(const Int8LinearArgs& p, int variant, int sm_major);
 cudaError_t int8_linear_launch(const Int8LinearArgs& p, int variant, int sm_major, cudaStream_t stream);
 

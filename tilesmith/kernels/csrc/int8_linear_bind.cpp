@@ -68,12 +68,13 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& w, const std::opti
   return out;
 }
 
-// Which kernel int8_linear runs for these operands: "fma", "mma" or "scalar".
+// Which kernel int8_linear runs for these operands: "fma", "fma_splitk", "mma" or "scalar".
 std::string int8_linear_kernel(const at::Tensor& x, const at::Tensor& w, int64_t variant) {
   const Int8LinearArgs p = make_args(x, w, std::nullopt, std::nullopt, std::nullopt, nullptr);
   switch (int8_linear_pick(p, static_cast<int>(variant), sm_major(x.get_device()))) {
     case 1: return "fma";
     case 2: return "mma";
+    case 4: return "fma_splitk";
     default: return "scalar";
   }
 }

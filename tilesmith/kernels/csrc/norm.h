@@ -29,7 +29,9 @@ struct NormArgs {
   int dtype;
 };
 
-cudaError_t norm_launch(const NormArgs& p, cudaStream_t stream);
+// variant: 0 the packed kernel (h kept in the dtype, 64 registers, one barrier per reduction), 1 the previous
+// kernel (fp32 registers); same arithmetic, the block sums' order of the warps' partial sums differs.
+cudaError_t norm_launch(const NormArgs& p, int variant, cudaStream_t stream);
 // The largest D the (register-resident) kernels hold for this dtype.
 long long norm_max_d(int dtype);
 

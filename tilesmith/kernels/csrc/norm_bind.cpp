@@ -6,7 +6,8 @@ namespace tsk {
 
 static std::vector<at::Tensor> norm(const at::Tensor& x, const std::optional<at::Tensor>& residual,
                                     const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
-                                    double eps, bool round_before_weight, bool return_sum, bool layer_norm) {
+                                    double eps, bool round_before_weight, bool return_sum, bool layer_norm,
+                                    int64_t variant) {
   const char* what = layer_norm ? "layer_norm" : "rms_norm";
   TORCH_CHECK(x.is_cuda(), what, ": x must be a CUDA tensor");
   const c10::cuda::CUDAGuard guard(x.device());
@@ -48,22 +49,22 @@ static std::vector<at::Tensor> norm(const at::Tensor& x, const std::optional<at:
     p.h = outs[1].data_ptr();
     p.sh = xr.d;
   }
-  check_launch(norm_launch(p, c10::cuda::getCurrentCUDAStream(x.get_device()).stream()), what);
+  check_launch(norm_launch(p, static_cast<int>(variant), c10::cuda::getCurrentCUDAStream(x.get_device()).stream()), what);
   return outs;
 }
 
 // [out] or [out, x + residual]: out = (x + residual) * rsqrt(mean((x + residual)^2) + eps) * weight.
 std::vector<at::Tensor> rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& residual,
                                  const std::optional<at::Tensor>& weight, double eps, bool round_before_weight,
-                                 bool return_sum) {
-  return norm(x, residual, weight, std::nullopt, eps, round_before_weight, return_sum, false);
+                                 bool return_sum, int64_t variant) {
+  return norm(x, residual, weight, std::nullopt, eps, round_before_weight, return_sum, false, variant);
 }
 
 // [out] or [out, x + residual]: out = layer_norm(x + residual, [D], weight, bias, eps).
 std::vector<at::Tensor> layer_norm(const at::Tensor& x, const std::optional<at::Tensor>& residual,
                                    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
-                                   double eps, bool return_sum) {
-  return norm(x, residual, weight, bias, eps, false, return_sum, true);
+                                   double eps, bool return_sum, int64_t variant) {
+  return norm(x, residual, weight, bias, eps, false, return_sum, true, variant);
 }
 
 int64_t max_d(at::ScalarType dtype) { return norm_max_d(dtype_code(dtype, "max_d")); }
@@ -75,9 +76,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Tilesmith native kernels: residual add + RMSNorm / LayerNorm over wide rows (CUDA C++)";
   m.def("rms_norm", &tsk::rms_norm, "[out] or [out, x + residual]", py::arg("x"), py::arg("residual") = py::none(),
         py::arg("weight") = py::none(), py::arg("eps") = 1e-6, py::arg("round_before_weight") = false,
-        py::arg("return_sum") = false);
+        py::arg("return_sum") = false, py::arg("variant") = 0);
   m.def("layer_norm", &tsk::layer_norm, "[out] or [out, x + residual]", py::arg("x"),
         py::arg("residual") = py::none(), py::arg("weight") = py::none(), py::arg("bias") = py::none(),
-        py::arg("eps") = 1e-5, py::arg("return_sum") = false);
+        py::arg("eps") = 1e-5, py::arg("return_sum") = false, py::arg("variant") = 0);
   m.def("max_d", &tsk::max_d, "longest row the kernels take", py::arg("dtype"));
 }

@@ -23,8 +23,13 @@ struct SoftmaxArgs {
   int dtype;
 };
 
-// variant: 0 auto, 1 register-resident rows (one read of the data), 2 looped (two reads; any D).
+// variant: 0 auto, 1 register-resident rows (one read of the data), 2 looped (two reads; any D), 3 staged
+// (register-resident rows fed by a TMA pipeline through shared memory; sm_90+, 16-byte aligned rows of at
+// least 32 KB per row (pair) up to the register capacity; elsewhere variant 3 runs what auto would run
+// without it). Auto: staged where it applies (kAutoStaged in softmax.cu), else register, else looped.
 cudaError_t softmax_launch(const SoftmaxArgs& p, int variant, cudaStream_t stream);
+// Which kernel softmax_launch runs for these arguments on the current device: 1 register, 2 looped, 3 staged.
+int softmax_pick(const SoftmaxArgs& p, int variant);
 // The largest D the register-resident kernel holds for this dtype / arity (vectorised or not).
 long long softmax_register_capacity(int dtype, bool dual);
 
