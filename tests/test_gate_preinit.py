@@ -81,3 +81,24 @@ def test_poll_ready_does_not_wait_and_reads_the_greeting(tmp_path):
         assert worker.poll_ready() is True  # known already; a stopped worker is not read
     finally:
         worker.kill()
+
+
+def test_before_anything_is_timed_a_preinited_cuda_spare_finishes_its_init():
+    calls = []
+
+    class Spare:
+        init_rid, init_answer, role = 3, None, "candidate"
+
+        def alive(self):
+            return True
+
+    done, pending = Spare(), Spare()
+    done.init_answer = {"ok": True}
+    gate = SimpleNamespace(device=torch.device("cuda"), _spares=[done, pending], _workers=[done, pending],
+                           _ready=lambda w, what: calls.append(w))
+    assert Gate._untrusted(gate) == [done, pending]
+    assert calls == [pending]  # waited for the init in flight, not for the one answered
+    calls.clear()
+    gate.device = torch.device("cpu")  # CPU spares are stopped mid-start as before: nothing to wait for
+    Gate._untrusted(gate)
+    assert calls == []

@@ -303,6 +303,7 @@ class Gate:
         if worker.init_answer is not None:
             return worker.init_answer
         self._send_init(worker)
+        worker.resume()  # a stopped worker cannot answer (receive resumes only one that has not greeted)
         answer = worker.receive(worker.init_rid, self.worker_timeout_s,
                                 f"initialization of {what} (loading the inputs{' and the original wrapper' if worker.role == 'trusted' else ''})")
         if not answer.get("ok"):
@@ -376,6 +377,16 @@ class Gate:
         return worker, []
 
     def _untrusted(self) -> list[WorkerProcess]:
+        """Every untrusted worker alive now (the timing run stops them). On CUDA a spare sent its ``init`` ahead of
+        need (:meth:`_preinit`) finishes it first: stopped halfway it could leave device work (its inputs' copies)
+        queued into the samples, and a worker answers only after synchronising its device."""
+        if self.device.type == "cuda":
+            for worker in list(self._spares):
+                if worker.init_rid is not None and worker.init_answer is None and worker.alive():
+                    try:
+                        self._ready(worker, "a fresh gate worker")
+                    except WorkerError:
+                        pass  # killed by _ready; _take_worker skips dead spares
         return [w for w in self._workers if w.role != "trusted" and w.alive()]
 
     def _observe_trusted(self) -> tuple[int, int]:
