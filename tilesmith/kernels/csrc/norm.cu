@@ -43,6 +43,46 @@ __device__ __forceinline__ float block_sum_1sync(float v, float* slots) {
   return t;
 }
 
+// Elements e .. e + VEC - 1 of one output row from h (fp32): (h - mean) * rstd * w + b (LayerNorm) or
+// h * rstd [rounded] * w (RMSNorm), then stored; the weight and bias are read here. Shared by both kernels.
+template <typename T, bool VEC, bool LN>
+__device__ __forceinline__ void store_normalized(const NormArgs& p, T* out, long long e,
+                                                 const float (&h)[Elem<T>::VEC], float mean, float rstd) {
+  constexpr int V = Elem<T>::VEC;
+  const T* w = static_cast<const T*>(p.w);
+  const T* b = static_cast<const T*>(p.b);
+  float wv[V], bv[V];
+  if constexpr (VEC) {
+    if (w) Elem<T>::unpack(ld_cached(w + e), wv);
+    if (LN && b) Elem<T>::unpack(ld_cached(b + e), bv);
+  } else {
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const bool ok = e + k < p.D;
+      wv[k] = (w && ok) ? Elem<T>::get(w, e + k) : 1.f;
+      bv[k] = (LN && b && ok) ? Elem<T>::get(b, e + k) : 0.f;
+    }
+  }
+  float o[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    float y = LN ? (h[k] - mean) * rstd : h[k] * rstd;
+    if (w) {
+      if (!LN && p.round_before_weight) y = Elem<T>::round(y);
+      y *= wv[k];
+    }
+    if (LN && b) y += bv[k];
+    o[k] = y;
+  }
+  if constexpr (VEC) {
+    st_stream(out + e, Elem<T>::pack(o));
+  } else {
+#pragma unroll
+    for (int k = 0; k < V; ++k)
+      if (e + k < p.D) Elem<T>::put(out, e + k, o[k]);
+  }
+}
+
 template <typename T, int NV, bool VEC, bool LN>
 __global__ void __launch_bounds__(NormThreads<NV * Elem<T>::VEC>::value, NormMinBlocks<VEC, NV, NV * Elem<T>::VEC>::value)
     norm_kernel(NormArgs p) {
@@ -133,44 +173,14 @@ __global__ void __launch_bounds__(NormThreads<NV * Elem<T>::VEC>::value, NormMin
   } else {
     rstd = rsqrtf(block_sum_1sync(sum, slots[0]) * inv_d + p.eps);
   }
-  const T* w = static_cast<const T*>(p.w);
-  const T* b = static_cast<const T*>(p.b);
   T* out = static_cast<T*>(p.out) + row * p.sout;
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
     const long long e = e0 + i * step;
     if (e >= p.D) continue;
-    float hf[V], wv[V], bv[V];
+    float hf[V];
     Elem<T>::unpack(hv[i], hf);
-    if constexpr (VEC) {
-      if (w) Elem<T>::unpack(ld_cached(w + e), wv);
-      if (LN && b) Elem<T>::unpack(ld_cached(b + e), bv);
-    } else {
-#pragma unroll
-      for (int k = 0; k < V; ++k) {
-        const bool ok = e + k < p.D;
-        wv[k] = (w && ok) ? Elem<T>::get(w, e + k) : 1.f;
-        bv[k] = (LN && b && ok) ? Elem<T>::get(b, e + k) : 0.f;
-      }
-    }
-    float o[V];
-#pragma unroll
-    for (int k = 0; k < V; ++k) {
-      float y = LN ? (hf[k] - mean) * rstd : hf[k] * rstd;
-      if (w) {
-        if (!LN && p.round_before_weight) y = Elem<T>::round(y);
-        y *= wv[k];
-      }
-      if (LN && b) y += bv[k];
-      o[k] = y;
-    }
-    if constexpr (VEC) {
-      st_stream(out + e, Elem<T>::pack(o));
-    } else {
-#pragma unroll
-      for (int k = 0; k < V; ++k)
-        if (e + k < p.D) Elem<T>::put(out, e + k, o[k]);
-    }
+    store_normalized<T, VEC, LN>(p, out, e, hf, mean, rstd);
   }
 }
 
@@ -245,43 +255,11 @@ __global__ void __launch_bounds__(NormThreads<NV * Elem<T>::VEC>::value, 1) norm
   } else {
     rstd = rsqrtf(block_sum(sum, scratch) * inv_d + p.eps);
   }
-  const T* w = static_cast<const T*>(p.w);
-  const T* b = static_cast<const T*>(p.b);
   T* out = static_cast<T*>(p.out) + row * p.sout;
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
     const long long e = e0 + i * step;
-    if (e >= p.D) continue;
-    float wv[V], bv[V];
-    if constexpr (VEC) {
-      if (w) Elem<T>::unpack(ld_cached(w + e), wv);
-      if (LN && b) Elem<T>::unpack(ld_cached(b + e), bv);
-    } else {
-#pragma unroll
-      for (int k = 0; k < V; ++k) {
-        const bool ok = e + k < p.D;
-        wv[k] = (w && ok) ? Elem<T>::get(w, e + k) : 1.f;
-        bv[k] = (LN && b && ok) ? Elem<T>::get(b, e + k) : 0.f;
-      }
-    }
-    float o[V];
-#pragma unroll
-    for (int k = 0; k < V; ++k) {
-      float y = LN ? (v[i][k] - mean) * rstd : v[i][k] * rstd;
-      if (w) {
-        if (!LN && p.round_before_weight) y = Elem<T>::round(y);
-        y *= wv[k];
-      }
-      if (LN && b) y += bv[k];
-      o[k] = y;
-    }
-    if constexpr (VEC) {
-      st_stream(out + e, Elem<T>::pack(o));
-    } else {
-#pragma unroll
-      for (int k = 0; k < V; ++k)
-        if (e + k < p.D) Elem<T>::put(out, e + k, o[k]);
-    }
+    if (e < p.D) store_normalized<T, VEC, LN>(p, out, e, v[i], mean, rstd);
   }
 }
 
