@@ -38,6 +38,9 @@ from tilesmith.gate import Gate  # noqa: E402
 from tilesmith.records import Candidate  # noqa: E402
 
 
+SPARES: int | None = None
+
+
 class Softmax(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.softmax(x, dim=-1)
@@ -63,7 +66,7 @@ def run_graph(name: str, cap: gs.Captured, cands: list[tuple[str, str]], work: P
               profile: bool) -> dict[str, Any]:
     t0 = time.monotonic()
     gate = Gate(gs.make_problem(cap, work / name / "snap", label=f"c05710{len(name):02d} ({name})"),
-                profiles_dir=work / name / "profiles")
+                profiles_dir=work / name / "profiles", spares=SPARES)
     out: dict[str, Any] = {"gate_start_s": round(time.monotonic() - t0, 3), "evaluations": []}
     try:
         for rep in range(repeats):
@@ -102,7 +105,10 @@ def main() -> int:
     ap.add_argument("--small-shape", default=None, metavar="M,N",
                     help="the chain's x rows and width (default: CUDA 8192,4096 (~5 ms a call on an H200), CPU 512,768)")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--spares", type=int, default=None, help="Gate(spares=): spare candidate workers (default: the gate's)")
     a = ap.parse_args()
+    global SPARES
+    SPARES = a.spares
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     work = Path(tempfile.mkdtemp(prefix="gate_cost-"))
     results: dict[str, Any] = {"device": dev, "torch": torch.__version__, "graphs": {}}
