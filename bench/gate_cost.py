@@ -106,9 +106,12 @@ def main() -> int:
                     help="the chain's x rows and width (default: CUDA 8192,4096 (~5 ms a call on an H200), CPU 512,768)")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--spares", type=int, default=None, help="Gate(spares=): spare candidate workers (default: the gate's)")
+    ap.add_argument("--late-init", action="store_true",
+                    help="CUDA spares get their init only when taken (Gate.early_init off: the behaviour before session 15)")
     a = ap.parse_args()
     global SPARES
     SPARES = a.spares
+    Gate.early_init = not a.late_init
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     work = Path(tempfile.mkdtemp(prefix="gate_cost-"))
     results: dict[str, Any] = {"device": dev, "torch": torch.__version__, "graphs": {}}

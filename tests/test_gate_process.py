@@ -191,15 +191,15 @@ def test_a_spare_stopped_longer_than_its_start_timeout_still_starts(tmp_path, mo
 
 
 def test_quiescence_lets_a_cuda_spare_import_torch_off_the_timing_cpu(monkeypatch):
-    """A CUDA spare that has not been sent ``init`` (no device context, no candidate code) keeps starting while
-    arms are timed, on the CPUs the timed workers do not use; everything else untrusted is stopped."""
+    """A CUDA spare that was never sent wrapper code (its start and ``init`` are Tilesmith's code only) keeps going
+    while arms are timed, on the CPUs the timed workers do not use; everything else untrusted is stopped."""
     import os
 
     from tilesmith.gate.host.timing import Quiescence
 
     class Fake:
-        def __init__(self, label: str, device_type: str, init_rid: int | None) -> None:
-            self.label, self.device_type, self.init_rid = label, device_type, init_rid
+        def __init__(self, label: str, device_type: str, loaded: bool) -> None:
+            self.label, self.device_type, self.loaded = label, device_type, loaded
             self.stopped, self.pins = False, []
 
         def alive(self) -> bool:
@@ -216,10 +216,10 @@ def test_quiescence_lets_a_cuda_spare_import_torch_off_the_timing_cpu(monkeypatc
             self.pins.append(cpus)
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
-    active = Fake("timed", "cuda", 1)
-    spare = Fake("cuda spare", "cuda", None)
-    loaded = Fake("confirmation worker (init sent)", "cuda", 7)
-    cpu_spare = Fake("cpu spare", "cpu", None)
+    active = Fake("timed", "cuda", True)
+    spare = Fake("cuda spare (init sent or not)", "cuda", False)
+    loaded = Fake("confirmation worker (candidate sent)", "cuda", True)
+    cpu_spare = Fake("cpu spare", "cpu", False)
     quiet = Quiescence([active, spare, loaded, cpu_spare], timing_cpus={3})
     quiet.only(active)
     quiet.only(active)
@@ -229,7 +229,7 @@ def test_quiescence_lets_a_cuda_spare_import_torch_off_the_timing_cpu(monkeypatc
     assert not loaded.stopped and spare.pins == [{0, 1, 2}, None]
     # One CPU only: nowhere else to run, so the spare is stopped like the rest.
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3}, raising=False)
-    spare2 = Fake("cuda spare", "cuda", None)
+    spare2 = Fake("cuda spare", "cuda", False)
     quiet = Quiescence([active, spare2], timing_cpus={3})
     quiet.only(active)
     assert spare2.stopped and spare2.pins == []

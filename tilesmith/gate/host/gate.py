@@ -96,6 +96,11 @@ class Gate:
             why); a graph too large for the memory left is not an error: see :attr:`memory_problem`.
     """
 
+    early_init: bool = True
+    """CUDA: send spares their ``init`` as soon as they start where their device copies fit
+    (:meth:`_early_init_fits`), not when a gate takes them (before session 15, which put a device context's creation
+    on the path of every measurement). ``bench/gate_cost.py --late-init`` turns it off to compare."""
+
     def __init__(self, problem: GateProblem, reference: Callable[[list[Any]], Any] | None = None,
                  min_improvement: float | None = None, profiles_dir: Path | str | None = None, *,
                  timing_pairs: int | None = None, sample_target_ms: float | None = None,
@@ -273,7 +278,7 @@ class Gate:
         # A CUDA spare gets its ``init`` (device context, inputs on the device) only when it is taken: until
         # then it only imports torch, on the CPU, and may do so while arms are timed (Quiescence runs it on
         # other CPUs than the timed workers'), so back-to-back evaluations do not wait for its interpreter.
-        if role == "trusted" or self.device.type != "cuda":
+        if role == "trusted" or self.device.type != "cuda" or self._early_init_fits():
             self._send_init(worker)
         return worker
 
@@ -282,22 +287,16 @@ class Gate:
         if worker.init_rid is None:
             worker.init_rid = worker.send("init", **worker.init_fields)
 
-    def _preinit(self) -> None:
-        """CUDA: send ``init`` (device context, inputs on the device) to every spare that has finished starting,
-        at a moment when nothing is timed, so that the next candidate does not wait for it (it used to be sent
-        only when the spare was taken: on the critical path of every measurement). Only where the spares' device
-        copies fit easily: their context and inputs at most a quarter of what the memory plan leaves free
-        beyond one candidate worker's needs. An inited spare is stopped while anything is timed
-        (:class:`~tilesmith.gate.host.timing.Quiescence`), like every worker that holds a device context."""
-        if self.device.type != "cuda" or self.memory_problem is not None:
-            return
-        plan = self.memory
-        if plan.free > 0 and (CONTEXT_BYTES + 2 * plan.input_bytes) * max(1, self.spare_count) \
-                > max(0, plan.free - plan.minimum) // 4:
-            return
-        for worker in self._spares:
-            if worker.init_rid is None and worker.poll_ready():
-                self._send_init(worker)
+    def _early_init_fits(self) -> bool:
+        """CUDA: whether spares may get their ``init`` (device context, inputs on the device) as soon as they are
+        started rather than when taken: where :attr:`early_init` is on and their device copies fit easily (each
+        spare's context and two copies of the inputs, all spares together within a quarter of what the memory plan
+        leaves free beyond one candidate worker's needs). Otherwise (graphs of gigabytes) as before."""
+        plan = getattr(self, "memory", None)
+        if not self.early_init or plan is None or self.memory_problem is not None:
+            return False
+        return plan.free <= 0 or (CONTEXT_BYTES + 2 * plan.input_bytes) * max(1, self.spare_count) \
+            <= max(0, plan.free - plan.minimum) // 4
 
     def _ready(self, worker: WorkerProcess, what: str) -> dict[str, Any]:
         if worker.init_answer is not None:
@@ -377,16 +376,6 @@ class Gate:
         return worker, []
 
     def _untrusted(self) -> list[WorkerProcess]:
-        """Every untrusted worker alive now (the timing run stops them). On CUDA a spare sent its ``init`` ahead of
-        need (:meth:`_preinit`) finishes it first: stopped halfway it could leave device work (its inputs' copies)
-        queued into the samples, and a worker answers only after synchronising its device."""
-        if self.device.type == "cuda":
-            for worker in list(self._spares):
-                if worker.init_rid is not None and worker.init_answer is None and worker.alive():
-                    try:
-                        self._ready(worker, "a fresh gate worker")
-                    except WorkerError:
-                        pass  # killed by _ready; _take_worker skips dead spares
         return [w for w in self._workers if w.role != "trusted" and w.alive()]
 
     def _observe_trusted(self) -> tuple[int, int]:
@@ -459,7 +448,6 @@ class Gate:
         verdict = Verdict(accepted=verdict.accepted, status=verdict.status, reasons=verdict.reasons,
                           failures=verdict.failures, timing=verdict.timing, confirmation=verdict.confirmation,
                           report_path=None, evaluation_id=eval_id, wall_s=round(time.monotonic() - started, 3))
-        self._preinit()  # nothing is timed until the next evaluation
         path = self._write_report(eval_id, candidate, incumbent, verdict, phases, static, recheck)
         if path is not None:
             verdict = Verdict(**{**verdict.__dict__, "report_path": str(path)})
@@ -499,7 +487,6 @@ class Gate:
                 return self._slow(verdict1, first.timing, None, "measurement")
             if recheck:
                 return Verdict(True, "accepted", (), timing=first.timing)
-            self._preinit()  # between the phases: the next candidate's spare inits during the confirmation's checks
             second_worker = preload.pop("worker", None)
             rid = preload.pop("rid", None)
             if second_worker is None or not second_worker.alive():

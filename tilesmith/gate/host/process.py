@@ -228,6 +228,10 @@ class WorkerProcess:
         self.init_answer: dict[str, Any] | None = None
         self.init_done_at: float | None = None
         """``time.monotonic()`` when the gate read its ``init`` answer."""
+        self.loaded = False
+        """Whether it was ever sent wrapper code to import (a ``load`` request: a candidate's or an incumbent's). A
+        spare that was not runs only Tilesmith's worker code (its start, its ``init``), so a timing run need not stop
+        it (:class:`~tilesmith.gate.host.timing.Quiescence`)."""
         self.saw: set[str] = set()
         """Sources (by SHA-256) this worker has imported; a confirmation needs one that saw none of them."""
         self.extra_dirs: tuple[Path, ...] = ()
@@ -263,26 +267,6 @@ class WorkerProcess:
                 raise WorkerProtocolError(f"{self.label} started with an unexpected greeting: {str(msg)[:200]}")
             self.ready_info = msg
         return self.ready_info
-
-    def poll_ready(self) -> bool:
-        """Whether the worker has greeted (its interpreter and torch import are done), without waiting: reads
-        what it has written so far. False while it is stopped, dead, or still starting."""
-        if self.ready_info is not None:
-            return True
-        if self.stopped or self.proc.poll() is not None:
-            return False
-        if b"\n" not in self._buffer:
-            ready, _, _ = select.select([self._out_fd], [], [], 0)
-            if not ready:
-                return False
-            chunk = os.read(self._out_fd, 1 << 16)
-            if not chunk:
-                return False  # it died: the next request reports how
-            self._buffer += chunk
-            if b"\n" not in self._buffer:
-                return False
-        self.wait_ready(settings.get("TILESMITH_WORKER_START_TIMEOUT_S"))  # the greeting is buffered: no wait
-        return True
 
     # -- quiescence (docs/gate.md, "Quiescence") ----------------------------------------------------
     def stop(self, timeout_s: float = 2.0) -> bool:
@@ -397,6 +381,8 @@ class WorkerProcess:
     # -- requests ------------------------------------------------------------------------------------
     def send(self, op: str, **fields: Any) -> int:
         self.resume()
+        if op == "load":
+            self.loaded = True
         rid = next(self._ids)
         message = {"op": op, "id": rid, **fields}
         try:

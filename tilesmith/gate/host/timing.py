@@ -161,9 +161,12 @@ def choose_k(estimates_ms: list[float], target_ms: float, max_sample_ms: float, 
 class Quiescence:
     """Stops every untrusted worker of the gate except the one about to be timed (see the module text).
 
-    A CUDA spare that has not been sent ``init`` yet (``init_rid is None``: no device context, no inputs, no
-    candidate code, only its interpreter start and torch import on the CPU) is not stopped but kept off
-    ``timing_cpus`` (the CPU the timed workers run on) until :meth:`release`, where the machine has another."""
+    A CUDA spare that was never sent wrapper code (``loaded`` false: it runs only Tilesmith's worker code — its
+    interpreter start, torch's import, its ``init``: a device context, a trivial Triton kernel, its inputs copied
+    to the device) is not stopped but kept off ``timing_cpus`` (the CPU the timed workers run on) until
+    :meth:`release`, where the machine has another. Its ``init`` may overlap samples: the gate sends it early
+    only where the inputs are small (``Gate._early_init_fits``), and paired samples of the two arms alternate
+    within milliseconds while an ``init`` lasts a second or two, so what it costs the device falls on both arms."""
 
     def __init__(self, untrusted: list[Any], timing_cpus: set[int] | None = None) -> None:
         self.untrusted = [w for w in untrusted if w is not None]
@@ -177,7 +180,7 @@ class Quiescence:
         self.moved: list[Any] = []
 
     def _starting(self, worker: Any) -> bool:
-        return getattr(worker, "device_type", "cpu") == "cuda" and getattr(worker, "init_rid", 0) is None
+        return getattr(worker, "device_type", "cpu") == "cuda" and getattr(worker, "loaded", True) is False
 
     def only(self, active: Any) -> None:
         for worker in self.untrusted:
