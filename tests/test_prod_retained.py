@@ -19,6 +19,19 @@ from tilesmith.gate import retained
 from tilesmith.install import leaks, retime, verify
 
 stand_in_gate = vs.stand_in_gate
+
+
+@pytest.fixture(autouse=True)
+def _one_intra_op_thread():
+    """Production re-timing compares wall times in this process. On the 2-core CI machine with two CPU burners
+    beside it (issue 19), a 2-thread intra-op pool waits a scheduler slice for its second thread at parallel regions:
+    calls of 0.1 ms took 13–15 ms in streaks, and once the streaks fell on one arm only, an honest wrapper timed at
+    0.02× its original and was uninstalled. So the user's side runs single-threaded here, as the gate's CPU workers
+    do (docs/gate.md, "Timing"); on CUDA re-timing uses events and is not affected."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 _fn = vs.tanh_matmul
 _inputs = vs.tanh_matmul_inputs
 

@@ -21,8 +21,13 @@ percentile bootstrap took ~90 ms per look here on 64 pairs under load; the order
 needs no resampling. With 8 pairs it asks all 8 below the allowance.)
 
 Order: the original always runs first. The installed wrapper thus runs second, on inputs the copy just read
-(warm caches, a warmed-up thread pool and clock): the bias favours the installed wrapper, so it can only delay a
-failure, never cause one. Pairing makes machine load common to both arms: a load spike slows both halves of a pair.
+(warm caches, a warmed-up thread pool and clock): on a machine with a core per intra-op thread the bias favours
+the installed wrapper. Pairing makes machine load common to both arms: a load spike slows both halves of a pair.
+Not on an oversubscribed CPU (test mode only: more runnable threads than cores): there a multi-threaded intra-op
+pool waits a scheduler slice for a descheduled thread at parallel regions, and that wait can fall on one arm for
+many checks in a row (2-core VM, two CPU burners, torch at 2 threads: calls of 0.1 ms took 13–15 ms in streaks,
+and an honest rebinding timed at 0.02× its original, 2026-12-06). The CPU tests therefore run single-threaded
+(tests/test_prod_retained.py); CUDA, where this matters, times with events.
 
 Quarantine: yes. Both arms ran under the same load on the same inputs and the allowance is wide; a wrapper that is
 1.25× slower than the original with 99.5 % confidence (one-sided) in the user's own process is of no use there, and serving it
