@@ -86,7 +86,11 @@ class Gate:
         timing_pairs: the most paired samples per phase (the sequential test may stop earlier); ``None`` reads
             ``TILESMITH_GATE_PAIRS``.
         sample_target_ms: minimum duration of one timing sample; ``None``: 1 ms (CUDA), 5 ms (CPU).
-        spares: candidate workers kept started ahead of need; ``None``: 2 on CUDA, 1 on the CPU (test mode).
+        spares: candidate workers kept started ahead of need; ``None``: 4 on CUDA, 1 on the CPU (test mode). Each
+            is an interpreter with torch imported (and on CUDA, where the inputs are small, a device context with
+            the inputs); 4 because an accepted candidate takes two fresh workers (measurement, confirmation) and a
+            worker's start takes longer than an evaluation (H100 host, 2026-12-06: back-to-back candidates,
+            accepted ones 10.0 s median with 2 spares, 5.7–6.4 s with 4; docs/h200-runs.md, session 15).
 
     Raises:
         ValueError: a CPU graph without ``TILESMITH_ALLOW_CPU=1``, an invalid ``min_improvement``, or
@@ -125,7 +129,7 @@ class Gate:
         self.profiles_dir = Path(profiles_dir) if profiles_dir is not None else None
         self.target_ms = float(sample_target_ms or SAMPLE_TARGET_MS[self.device.type])
         self.max_sample_ms = max(SAMPLE_MAX_MS[self.device.type], 4 * self.target_ms)
-        self.spare_count = int(spares if spares is not None else (2 if self.device.type == "cuda" else 1))
+        self.spare_count = int(spares if spares is not None else (4 if self.device.type == "cuda" else 1))
         self.allowance = stats.CPU_PROCESS_ALLOWANCE if self.device.type == "cpu" else 0.0
         self.control = False
         """Decide on the candidate against the baseline's code timed in the candidate's own process (arm ``ctl``;
