@@ -218,7 +218,10 @@ def test_wrapper_slower_in_production_is_uninstalled_after_the_minimum_checks(st
     assert max(errors) < 1e-5
     (diag,) = _failures(compiled)
     n = int(diag.message.split("failed on call ")[1].split()[0])
-    assert n == retime.WARMUP + retime.MIN_PAIRS, diag.message
+    # Decided at the first check with enough pairs (call 10) on an idle machine; under load one pair may be hit by a
+    # scheduler slice on the original's side (a ratio near 1: seen at 2 burners), and the sign-test bound then needs a
+    # few more pairs. Never before the minimum.
+    assert retime.WARMUP + retime.MIN_PAIRS <= n <= retime.WARMUP + retime.MIN_PAIRS + 6, diag.message
     assert "slower_in_production" in diag.message and "retime=off" in diag.message, diag.message
 
 
