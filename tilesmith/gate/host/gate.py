@@ -279,9 +279,10 @@ class Gate:
             ignore_effects=list(self.original_effects), allowed_imports=self.original_imports,
             base_inputs=str(self.problem.inputs_path), expected=self.expected,
             fsize_limit=self.fsize_limit if role != "trusted" else 0)
-        # A CUDA spare gets its ``init`` (device context, inputs on the device) only when it is taken: until
-        # then it only imports torch, on the CPU, and may do so while arms are timed (Quiescence runs it on
-        # other CPUs than the timed workers'), so back-to-back evaluations do not wait for its interpreter.
+        # A CUDA spare gets its ``init`` (device context, inputs on the device) now where its device copies fit
+        # easily (_early_init_fits), else only when it is taken. Until a gate sends it wrapper code it runs only
+        # Tilesmith's worker code, and may do so while arms are timed (Quiescence runs it on other CPUs than the
+        # timed workers'), so back-to-back evaluations wait neither for its interpreter nor for its context.
         if role == "trusted" or self.device.type != "cuda" or self._early_init_fits():
             self._send_init(worker)
         return worker
