@@ -38,9 +38,6 @@ from tilesmith.gate import Gate  # noqa: E402
 from tilesmith.records import Candidate  # noqa: E402
 
 
-SPARES: int | None = None
-
-
 class Softmax(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.softmax(x, dim=-1)
@@ -63,10 +60,10 @@ def _profile_text(prof: cProfile.Profile, lines: int) -> str:
 
 
 def run_graph(name: str, cap: gs.Captured, cands: list[tuple[str, str]], work: Path, repeats: int,
-              profile: bool) -> dict[str, Any]:
+              profile: bool, spares: int | None = None) -> dict[str, Any]:
     t0 = time.monotonic()
     gate = Gate(gs.make_problem(cap, work / name / "snap", label=f"c05710{len(name):02d} ({name})"),
-                profiles_dir=work / name / "profiles", spares=SPARES)
+                profiles_dir=work / name / "profiles", spares=spares)
     out: dict[str, Any] = {"gate_start_s": round(time.monotonic() - t0, 3), "evaluations": []}
     try:
         for rep in range(repeats):
@@ -109,8 +106,6 @@ def main() -> int:
     ap.add_argument("--late-init", action="store_true",
                     help="CUDA spares get their init only when taken (Gate.early_init off: the behaviour before session 15)")
     a = ap.parse_args()
-    global SPARES
-    SPARES = a.spares
     Gate.early_init = not a.late_init
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     work = Path(tempfile.mkdtemp(prefix="gate_cost-"))
@@ -129,7 +124,7 @@ def main() -> int:
             cands = [("identical", cap.source)]
         else:
             raise SystemExit(f"unknown graph {name!r}: use small and/or medium")
-        results["graphs"][name] = run_graph(name, cap, cands, work, a.repeats, a.profile)
+        results["graphs"][name] = run_graph(name, cap, cands, work, a.repeats, a.profile, a.spares)
         a.out.write_text(json.dumps(results, indent=1))
     for name, r in results["graphs"].items():
         print(name, "gate start", r["gate_start_s"], "s", json.dumps(r["summary"]))

@@ -51,7 +51,7 @@ from tilesmith.gate import torchstate
 from tilesmith.gate.host import report as reports
 from tilesmith.gate.host import standby, stats, timing
 from tilesmith.gate.host.compare import TOLERANCES
-from tilesmith.gate.host.memory import CONTEXT_BYTES, MemoryPlan, plan_from
+from tilesmith.gate.host.memory import MemoryPlan, plan_from
 from tilesmith.gate.host.phase import PhaseConfig, PhaseResult, Variants, run_phase, status_for
 from tilesmith.gate.host.problem import GateProblem
 from tilesmith.gate.host.caches import make_cache_template
@@ -300,14 +300,12 @@ class Gate:
         plan = getattr(self, "memory", None)
         if not self.early_init or plan is None or self.memory_problem is not None:
             return False
-        return plan.free <= 0 or (CONTEXT_BYTES + 2 * plan.input_bytes) * max(1, self.spare_count) \
-            <= max(0, plan.free - plan.minimum) // 4
+        return plan.spares_fit(self.spare_count)
 
     def _ready(self, worker: WorkerProcess, what: str) -> dict[str, Any]:
         if worker.init_answer is not None:
             return worker.init_answer
         self._send_init(worker)
-        worker.resume()  # a stopped worker cannot answer (receive resumes only one that has not greeted)
         answer = worker.receive(worker.init_rid, self.worker_timeout_s,
                                 f"initialization of {what} (loading the inputs{' and the original wrapper' if worker.role == 'trusted' else ''})")
         if not answer.get("ok"):

@@ -50,6 +50,14 @@ class MemoryPlan:
     def fits(self) -> bool:
         return self.free <= 0 or self.minimum <= self.free
 
+    def spares_fit(self, spares: int) -> bool:
+        """Whether ``spares`` idle candidate workers may each hold a device context and two copies of the inputs
+        (a spare's early ``init``): all of them within a quarter of what stays free beyond :attr:`minimum`
+        (``True`` when the free memory is unknown)."""
+        if self.free <= 0:
+            return True
+        return (CONTEXT_BYTES + 2 * self.input_bytes) * max(1, spares) <= max(0, self.free - self.minimum) // 4
+
     @property
     def held_budget(self) -> int:
         """Bytes for held outputs and their snapshots: half of what stays free beyond the minimum (≤ 8 GiB)."""
