@@ -384,6 +384,9 @@ def main() -> int:
                         help="seconds for the whole run: each graph's A/A and 5%% trials get an equal share of what "
                              "is left (minus 60 s per graph for the rest), and stop early at it (the JSON says how "
                              "many gates ran)")
+    parser.add_argument("--aa-share", type=float, default=0.5,
+                        help="with --budget-s: the A/A block's fraction of a graph's trial time (the 5%% block gets "
+                             "the rest; default 0.5)")
     args = parser.parse_args()
     if args.quick:
         args.aa, args.gain, args.wall_repeats = min(args.aa, 100), min(args.gain, 40), min(args.wall_repeats, 2)
@@ -409,13 +412,16 @@ def main() -> int:
         if path is not None:
             path.write_text(json.dumps(results, indent=1))
 
-    def share(blocks_left: int, graphs_left: int) -> float | None:
-        """Deadline of one trial block: an equal share of the budget left over ``blocks_left`` blocks, after 60 s
-        per graph left (gate start, extra-work calibration, wall times) and 120 s for ``--memory``."""
+    def share(aa_block: bool, graphs_left: int) -> float | None:
+        """Deadline of one trial block, after 60 s per graph left (gate start, extra-work calibration, wall times)
+        and 120 s for ``--memory``: an A/A block gets ``--aa-share`` of this graph's equal part of the budget
+        left; a 5 % block the rest of this graph's part (what is left over its own block and the later graphs'
+        two each)."""
         if args.budget_s is None:
             return None
         left = args.budget_s - (time.monotonic() - started) - 60.0 * graphs_left - (120.0 if args.memory else 0.0)
-        return time.monotonic() + max(10.0, left / max(1, blocks_left))
+        part = left / max(1, graphs_left) * args.aa_share if aa_block else left / max(1, 2 * graphs_left - 1)
+        return time.monotonic() + max(10.0, part)
 
     captured = graphs(args.device) if wanted else {}
     for gi, (name, cap) in enumerate(captured.items()):
@@ -440,7 +446,7 @@ def main() -> int:
             trials.use_control(cap.source)
             t1 = time.monotonic()
             aa = trials.gates(args.aa, pairs, 1000 * gi + 1, with_incumbent=False,
-                              deadline=share(2 * left_graphs, left_graphs))
+                              deadline=share(True, left_graphs))
             row["aa"] = summary(aa, time.monotonic() - t1, len(trials.workers))
             print(f"{name}: A/A {row['aa']['accepted']}/{row['aa']['gates']} accepted, "
                   f"{row['aa']['seconds_per_gate']:.2f} s per A/A gate", flush=True)
@@ -448,7 +454,7 @@ def main() -> int:
             trials.use_control(slow_source)
             t1 = time.monotonic()
             gain = trials.gates(args.gain, pairs, 1000 * gi + 2, with_incumbent=True,
-                                deadline=share(2 * left_graphs - 1, left_graphs))
+                                deadline=share(False, left_graphs))
             row["gain5"] = summary(gain, time.monotonic() - t1, len(trials.workers))
             print(f"{name}: 5% gain {row['gain5']['accepted']}/{row['gain5']['gates']} accepted", flush=True)
             trials.close()
