@@ -21,6 +21,10 @@ that collapse into one row stride; outputs must be contiguous):
     ``h = x (+ r)``; RMSNorm ``h * rsqrt(mean(h^2, -1) + eps)`` (then ``* w`` before or after the downcast, or
     no weight) or LayerNorm ``(h - mean) * rsqrt(var + eps)`` from ``var_mean(correction=0)`` (then ``* w``,
     ``+ b``); returning the normalized rows, optionally with ``h``; rows of at most :data:`NORM_MAX_D`.
+``group_norm``
+    ``silu(group_norm(x, G, w, b, eps))`` over contiguous NCHW ``x`` (SiLU and the affine parts optional):
+    :mod:`.native_match_groupnorm`. Shared pieces (:class:`NoMatch`, :class:`NativePlan`, the walker) live in
+    :mod:`.native_match_base`.
 
 Refused (with the reason in :class:`NoMatch`): dynamic shapes, module constants, any extra operation or
 output, other dtypes, non-row layouts, too many rows (int8) or too-wide rows (norm).
