@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.harness import Workload, capture_graphs
-from tests.fixture_paths import H200
+from tests.fixture_paths import H200, NATIVE_CUDA
 from tilesmith.fx_text import parse_fx
 from tilesmith.agent.builtin.native_match import NORM_MAX_D, NoMatch, match_program
 
@@ -303,3 +303,31 @@ def test_unparseable_or_constant_reading_programs_are_refused():
         "        amax", "        _frozen_param0: \"f32[32][1]cpu\" = self._frozen_param0\n        amax", 1)
     with pytest.raises(NoMatch, match="module constants"):
         match_program(with_attr)
+
+
+@pytest.mark.parametrize("name,groups,silu", [("gn_silu_bf16", 32, True), ("gn_bf16", 8, False),
+                                              ("gn_silu_f32", 8, True)])
+def test_group_norm_programs_captured_on_cuda_match(name, groups, silu):
+    """The CUDA decomposition (``view(centred) * unsqueeze(w) + unsqueeze(b)``, SiLU as ``y / (1 + exp(-y))``)
+    is the one tilesmith.compile sees on a GPU; the CPU captures above broadcast the weight differently."""
+    plan = match_program((NATIVE_CUDA / f"{name}.fx.txt").read_text())
+    assert plan.family == "group_norm"
+    x, weight, bias, g, _eps, act, round_mid = plan.args[:7]
+    assert (x.input, weight.input, bias.input) == (2, 0, 1)
+    assert (g.literal, act.literal, round_mid.literal) == (str(groups), str(silu), "False")
+
+
+def test_group_norm_cuda_form_without_its_bias_add_is_weight_only():
+    fx = (NATIVE_CUDA / "gn_bf16.fx.txt").read_text()
+    lines = fx.splitlines()
+    add = next(i for i, l in enumerate(lines) if " = torch.ops.aten.add.Tensor(mul_1, unsqueeze_5)" in l)
+    out = lines[add].split(":", 1)[0].strip()
+    kept = [l for i, l in enumerate(lines) if i != add and "unsqueeze_3" not in l and "unsqueeze_4" not in l
+            and "unsqueeze_5" not in l]
+    fx2 = "\n".join(kept).replace(f"({out},", "(mul_1,").replace(f"({out})", "(mul_1)")
+    fx2 = fx2.replace(", arg1_1: ", ", unused_1: ")
+    try:
+        plan = match_program(fx2)
+    except NoMatch as exc:  # a program this test edited wrongly says why
+        pytest.fail(str(exc))
+    assert plan.family == "group_norm" and plan.args[1].input == 0 and plan.args[2].literal == "None"

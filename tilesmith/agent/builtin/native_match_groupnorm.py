@@ -7,6 +7,7 @@ product of the spatial sizes, 16-bit inputs upcast to fp32 first)::
     rstd = rsqrt(var + eps)
     affine (weight, optionally bias):   s = rstd * view(w, [1, G, C/G, 1]);  t = -mean * s (+ view(b, ...))
                                         y = xf * bcast(s) + bcast(t)   (bcast: as_strided [N, C] + unsqueezes)
+      or (the CUDA graphs of torch 2.11): y = view((v - mean) * rstd, x.shape) * unsqueeze(w) (+ unsqueeze(b))
     no weight:                          y = view((v - mean) * rstd, x.shape) (+ unsqueeze(b) broadcast)
 
 then optionally SiLU — ``y / (1 + exp(-y))``, ``y * sigmoid(y)`` or ``aten.silu`` — and a downcast to x's
@@ -196,13 +197,21 @@ def _affine(ctx: _Ctx, y: Any) -> tuple[Any, Any]:
     if add.op in _VIEWS:  # no affine: view((v - mean) * rstd, x.shape)
         _centred(ctx, add)
         return None, None
-    if add.op == "aten.mul.Tensor":  # weight-only form without a shift: not produced by the decomposition
-        raise NoMatch(f"{add.name} = aten.mul.Tensor is not part of the GroupNorm decomposition")
     a, b = add.args[0], add.args[1]
+    if add.op == "aten.mul.Tensor":  # weight only (the CUDA form): view(centred) * unsqueeze(w)
+        if not (walk.is_call(a, *_VIEWS) or walk.is_call(b, *_VIEWS)):
+            raise NoMatch(f"{add.name} = aten.mul.Tensor is not the centred normalization times a weight")
+        view, side = (a, b) if walk.is_call(a, *_VIEWS) else (b, a)
+        _centred(ctx, walk.call(view))
+        return _channel_vector(ctx, side, keep_dims=True), None
     if walk.is_call(a, *_VIEWS) or walk.is_call(b, *_VIEWS):  # bias only: view(...) + unsqueeze(b)
         view, side = (a, b) if walk.is_call(a, *_VIEWS) else (b, a)
         _centred(ctx, walk.call(view))
         return None, _channel_vector(ctx, side, keep_dims=True)
+    for m_side, b_side in ((a, b), (b, a)):  # the CUDA form: view(centred) * unsqueeze(w) + unsqueeze(b)
+        if _is_centred_times_weight(ctx, m_side):
+            weight, _ = _affine(ctx, m_side)
+            return weight, _channel_vector(ctx, b_side, keep_dims=True)
     mul_side, shift = (a, b) if _is_scale_mul(ctx, a) else (b, a)
     mul = walk.call(mul_side, "aten.mul.Tensor")
     scale = mul.args[1] if mul.args[0] == ctx.xf else mul.args[0]
@@ -228,6 +237,12 @@ def _affine(ctx: _Ctx, y: Any) -> tuple[Any, Any]:
     if neg.args[0] != ctx.mean or s_side != s_src:
         raise NoMatch(f"{t_mul.name} is not -mean * scale")
     return weight, bias
+
+
+def _is_centred_times_weight(ctx: _Ctx, value: Any) -> bool:
+    node = ctx.walk.g.node(value)
+    return (node is not None and node.op == "aten.mul.Tensor" and ctx.xf not in node.args[:2]
+            and any(ctx.walk.is_call(v, *_VIEWS) for v in node.args[:2]))
 
 
 def _is_scale_mul(ctx: _Ctx, value: Any) -> bool:
