@@ -200,7 +200,8 @@ def _affine(ctx: _Ctx, y: Any) -> tuple[Any, Any]:
     a, b = add.args[0], add.args[1]
     if add.op == "aten.mul.Tensor":  # weight only (the CUDA form): view(centred) * unsqueeze(w)
         if not (walk.is_call(a, *_VIEWS) or walk.is_call(b, *_VIEWS)):
-            raise NoMatch(f"{add.name} = aten.mul.Tensor is not the centred normalization times a weight")
+            raise NoMatch(f"{add.name} = aten.mul.Tensor is not part of the GroupNorm decomposition (not the centred "
+                          "normalization times a weight)")
         view, side = (a, b) if walk.is_call(a, *_VIEWS) else (b, a)
         _centred(ctx, walk.call(view))
         return _channel_vector(ctx, side, keep_dims=True), None
