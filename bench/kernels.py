@@ -7,7 +7,7 @@ One run (a few minutes on the H200):
 1. measures the device's copy bandwidth (``tilesmith.roofline.measure_device_limits``: a device-to-device
    copy, bytes read + bytes written, CUDA events) — the floor of every kernel below is the bytes it must move
    divided by this figure;
-2. builds the three kernel families in parallel (first build time, or the time to load an existing build;
+2. builds the four kernel families in parallel (first build time, or the time to load an existing build;
    ``--fresh-build`` builds into a new kernel directory), then loads them in a second Python process and
    reports that process's cached-load time;
 3. checks each kernel against a float64 reference at the timed shape;
@@ -20,7 +20,9 @@ One run (a few minutes on the H200):
 
 Patterns (the issue's shapes): int8 weight-only GEMV ``r + (x @ W.to(bf16).T) * scale`` with x 1×14336 bf16,
 W 4096×14336 int8; two fused fp32 softmaxes ``softmax(a) + softmax(b)`` over 32768×8192; residual + RMSNorm
-(returning the normalized rows and ``x + r``) and residual + LayerNorm over 32768×4096 bf16.
+(returning the normalized rows and ``x + r``) and residual + LayerNorm over 32768×4096 bf16;
+``silu(GroupNorm(32, 512)(x))`` over x 16×512×64×64 bf16 (the suite's ``groupnorm_silu_bf16``; forced variants
+``native_register_256`` (4), ``native_looped`` (2), ``native_scalar`` (3)).
 Criteria from the issue, reported in ``criteria``: each native kernel ≤ 1.3× its floor; the int8 GEMV ≥ 2×
 faster than max-autotune-no-cudagraphs.
 """
@@ -70,6 +72,10 @@ def ln_residual(x, r, w, b):
     return torch.nn.functional.layer_norm(x + r, (x.shape[-1],), w, b, 1e-5)
 
 
+def gn_silu(x, w, b):
+    return torch.nn.functional.silu(torch.nn.functional.group_norm(x, 32, w, b, 1e-5))
+
+
 def patterns(mods: dict[str, Any]) -> list[dict[str, Any]]:
     """Name, function, inputs, native call, bytes and float64 reference of each timed pattern."""
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -84,7 +90,10 @@ def patterns(mods: dict[str, Any]) -> list[dict[str, Any]]:
     hr = torch.randn(32768, 4096, device=dev, generator=g).to(BF)
     nw = (torch.rand(4096, device=dev, generator=g) + 0.5).to(BF)
     nb = torch.randn(4096, device=dev, generator=g).to(BF)
-    i8, sm, nm = mods["int8_linear"], mods["softmax"], mods["norm"]
+    gx = torch.randn(16, 512, 64, 64, device=dev, generator=g).to(BF)
+    gw = (torch.rand(512, device=dev, generator=g) + 0.5).to(BF)
+    gb = torch.randn(512, device=dev, generator=g).to(BF)
+    i8, sm, nm, gn = mods["int8_linear"], mods["softmax"], mods["norm"], mods["group_norm"]
 
     def nbytes(*ts: torch.Tensor) -> int:
         return sum(t.numel() * t.element_size() for t in ts)
@@ -129,6 +138,14 @@ def patterns(mods: dict[str, Any]) -> list[dict[str, Any]]:
          "native": {"native": lambda: nm.layer_norm(hx, hr, nw, nb, 1e-5, False, 0),
                     "native_v1": lambda: nm.layer_norm(hx, hr, nw, nb, 1e-5, False, 1)}, "kernel": "packed",
          "bytes": nbytes(hx, hr, nw, nb) + nbytes(hx), "ref": ref_ln},
+        {"name": "groupnorm_silu_bf16", "shape": "silu(GroupNorm(32, 512)(x)), x 16x512x64x64 bf16, affine bf16",
+         "fn": gn_silu, "inputs": (gx, gw, gb), "dtype": BF,
+         "native": {"native": lambda: gn.group_norm(gx, gw, gb, 32, 1e-5, True, False, 0),
+                    "native_register_256": lambda: gn.group_norm(gx, gw, gb, 32, 1e-5, True, False, 4),
+                    "native_looped": lambda: gn.group_norm(gx, gw, gb, 32, 1e-5, True, False, 2),
+                    "native_scalar": lambda: gn.group_norm(gx, gw, gb, 32, 1e-5, True, False, 3)},
+         "kernel": gn.group_norm_kernel(gx, 32, 0), "bytes": 2 * nbytes(gx) + nbytes(gw, gb),
+         "ref": lambda: [gn_silu(gx.double(), gw.double(), gb.double())]},
     ]
 
 

@@ -3,7 +3,7 @@
 Same names and signatures as the extension modules built from ``tilesmith/kernels/csrc`` (so a CPU test can
 stand one in for ``native_module(...)`` and run a rewritten wrapper), with the kernels' documented
 semantics: int8 linear rounds the dot product to bf16 before the epilogue; the norm rounds ``x + r`` to the
-input dtype; everything else is computed in float64 and rounded once to the output dtype.
+input dtype; group_norm rounds before the SiLU only when asked (``round_before_silu``); everything else is computed in float64 and rounded once to the output dtype.
 """
 
 from __future__ import annotations
@@ -67,3 +67,21 @@ def layer_norm(x, residual=None, weight=None, bias=None, eps=1e-5, return_sum=Fa
     if return_sum:
         out.append(h.contiguous())
     return out
+
+
+def group_norm(x, weight=None, bias=None, num_groups=32, eps=1e-5, silu=True, round_before_silu=False, variant=0):
+    n, c = x.shape[0], x.shape[1]
+    grouped = x.double().reshape(n, num_groups, -1)
+    mean = grouped.mean(-1, keepdim=True)
+    var = (grouped - mean).pow(2).mean(-1, keepdim=True)
+    y = ((grouped - mean) * torch.rsqrt(var + eps)).reshape(x.shape)
+    per_channel = (1, c) + (1,) * (x.dim() - 2)
+    if weight is not None:
+        y = y * weight.double().reshape(per_channel)
+    if bias is not None:
+        y = y + bias.double().reshape(per_channel)
+    if round_before_silu:
+        y = y.to(x.dtype).double()
+    if silu:
+        y = y * torch.sigmoid(y)
+    return y.to(x.dtype).contiguous()

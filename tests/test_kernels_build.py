@@ -69,6 +69,19 @@ def test_key_changes_with_the_source(tmp_path):
     assert key(family="int8_linear", source_dir=src).key != key(family="int8_linear").key  # shared header
 
 
+def test_every_family_has_its_sources_and_its_own_key(tmp_path):
+    assert set(build.FAMILY_FILES) == set(runtime.FAMILIES) and "group_norm" in runtime.FAMILIES
+    for family, (sources, headers) in build.FAMILY_FILES.items():
+        assert sources == (f"{family}.cu", f"{family}_bind.cpp") and f"{family}.h" in headers
+        assert all((build.SOURCE_DIR / name).is_file() for name in sources + headers), family
+    assert len({key(family=f).key for f in runtime.FAMILIES}) == len(runtime.FAMILIES)
+    src = tmp_path / "csrc"
+    shutil.copytree(build.SOURCE_DIR, src)
+    (src / "group_norm.cu").write_text((src / "group_norm.cu").read_text() + "\n// edited\n")
+    assert key(family="group_norm", source_dir=src).key != key(family="group_norm").key
+    assert key(family="softmax", source_dir=src).key == key(family="softmax").key
+
+
 def test_architecture_flags_are_machine_code_for_the_device():
     assert arch_for((9, 0)) == ("sm_90a", ("-gencode=arch=compute_90a,code=sm_90a",))
     assert arch_for((8, 6)) == ("sm_86", ("-gencode=arch=compute_86,code=sm_86",))

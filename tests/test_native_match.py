@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.harness import Workload, capture_graphs
-from tests.fixture_paths import H200
+from tests.fixture_paths import H200, NATIVE_CUDA
 from tilesmith.fx_text import parse_fx
 from tilesmith.agent.builtin.native_match import NORM_MAX_D, NoMatch, match_program
 
@@ -30,6 +30,10 @@ def rms_llama(x, r, w):
     h = x + r
     hf = h.float()
     return (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * w, h
+
+
+def _gn_silu(x, w, b):
+    return F.silu(F.group_norm(x, 4, w, b, 1e-5))
 
 
 def _int8(n=N, k=K):
@@ -66,6 +70,25 @@ CASES = {
                                                torch.randn(D, dtype=BF), torch.randn(D, dtype=BF))),
     "layer_norm_strided_no_affine": (lambda x: F.layer_norm(x, (D,), None, None, 1e-5),
                                      (torch.randn(16, 2 * D, dtype=BF)[:, :D],)),
+    # GroupNorm: the module form (affine + SiLU), every affine subset, fp32/bf16/fp16, 2-D to 5-D inputs,
+    # groups of one channel and one group, weight of another dtype, the y * sigmoid(y) form (rounds before it)
+    "gn_silu_affine_bf16": (_gn_silu, (torch.randn(2, 8, 4, 4, dtype=BF), torch.randn(8, dtype=BF),
+                                       torch.randn(8, dtype=BF))),
+    "gn_silu_affine_fp32": (_gn_silu, (torch.randn(2, 8, 4, 4), torch.randn(8), torch.randn(8))),
+    "gn_weight_only_bf16": (lambda x, w: F.group_norm(x, 4, w, None, 1e-5),
+                            (torch.randn(2, 8, 4, 4, dtype=BF), torch.randn(8, dtype=BF))),
+    "gn_bias_only_3d": (lambda x, b: F.group_norm(x, 4, None, b, 1e-5), (torch.randn(2, 8, 6, dtype=BF),
+                                                                         torch.randn(8, dtype=BF))),
+    "gn_silu_no_affine_5d": (lambda x: F.silu(F.group_norm(x, 4, None, None, 1e-6)),
+                             (torch.randn(2, 8, 2, 3, 4, dtype=BF),)),
+    "gn_no_affine_fp32": (lambda x: F.group_norm(x, 4, None, None, 1e-5), (torch.randn(2, 8, 4, 4),)),
+    "gn_silu_fp16_one_channel_groups": (lambda x, w, b: F.silu(F.group_norm(x, 8, w, b, 1e-5)),
+                                        (torch.randn(2, 8, 3, 5, dtype=torch.float16),
+                                         torch.randn(8, dtype=torch.float16), torch.randn(8, dtype=torch.float16))),
+    "gn_silu_one_group_fp32_weight": (lambda x, w, b: F.silu(F.group_norm(x, 1, w, b, 1e-5)),
+                                      (torch.randn(1, 8, 3, 5, dtype=BF), torch.randn(8), torch.randn(8))),
+    "gn_sigmoid_form_2d": (lambda x, w, b: (lambda y: y * torch.sigmoid(y))(F.group_norm(x, 4, w, b, 1e-5)),
+                           (torch.randn(2, 8, dtype=BF), torch.randn(8, dtype=BF), torch.randn(8, dtype=BF))),
 }
 
 REFUSED = {
@@ -89,6 +112,24 @@ REFUSED = {
                       f"at most {NORM_MAX_D}"),
     "norm_plus_extra_op": ((lambda x, w: F.rms_norm(x, (D,), w, 1e-6) * 2.0, (torch.randn(4, D), torch.randn(D))),
                            "norm: .*expected kind"),
+    "gn_channels_last": ((_gn_silu, (torch.randn(2, 8, 4, 4, dtype=BF).to(memory_format=torch.channels_last),
+                                     torch.randn(8, dtype=BF), torch.randn(8, dtype=BF))),
+                         "group_norm: x arg0_1 is not contiguous NCHW .*channels-last is not supported"),
+    "gn_strided_input": ((_gn_silu, (torch.randn(2, 16, 4, 4, dtype=BF)[:, :8], torch.randn(8, dtype=BF),
+                                     torch.randn(8, dtype=BF))), "group_norm: x .* is not contiguous NCHW"),
+    "gn_then_scale": ((lambda x, w, b: _gn_silu(x, w, b) * 2.0, (torch.randn(2, 8, 4, 4, dtype=BF),
+                                                                 torch.randn(8, dtype=BF), torch.randn(8, dtype=BF))),
+                      "group_norm: .* is not part of the GroupNorm decomposition"),
+    "gn_gelu": ((lambda x, w, b: F.gelu(F.group_norm(x, 4, w, b, 1e-5)),
+                 (torch.randn(2, 8, 4, 4, dtype=BF), torch.randn(8, dtype=BF), torch.randn(8, dtype=BF))),
+                "group_norm: .* is not part of the GroupNorm decomposition"),
+    "gn_extra_output": ((lambda x, w, b: (_gn_silu(x, w, b), x.float().mean()),
+                         (torch.randn(2, 8, 4, 4, dtype=BF), torch.randn(8, dtype=BF), torch.randn(8, dtype=BF))),
+                        "group_norm: the graph returns 2 values"),
+    "gn_to_fp32": ((lambda x: F.group_norm(x.float(), 4, None, None, 1e-5), (torch.randn(2, 8, 4, 4, dtype=BF),)),
+                   "group_norm: .*kernel keeps shape and dtype|group_norm: x is computed in the graph"),
+    "gn_two_group_norms": ((lambda x: F.group_norm(x, 4) + F.group_norm(x, 2), (torch.randn(2, 8, 4, 4),)),
+                           "group_norm: 2 var_mean operations"),
 }
 
 
@@ -113,6 +154,15 @@ EXPECTED = {
     "layer_norm_residual": ("layer_norm", ["x", "r", "w", "b", "1e-05", "False"], (0,)),
     "layer_norm_returns_sum_twice_computed": ("layer_norm", ["x", "r", "w", "b", "1e-05", "True"], (0, 1)),
     "layer_norm_strided_no_affine": ("layer_norm", ["x", None, None, None, "1e-05", "False"], (0,)),
+    "gn_silu_affine_bf16": ("group_norm", ["x", "w", "b", "4", "1e-05", "True", "False", "0"], (None,)),
+    "gn_silu_affine_fp32": ("group_norm", ["x", "w", "b", "4", "1e-05", "True", "False", "0"], (None,)),
+    "gn_weight_only_bf16": ("group_norm", ["x", "w", None, "4", "1e-05", "False", "False", "0"], (None,)),
+    "gn_bias_only_3d": ("group_norm", ["x", None, "b", "4", "1e-05", "False", "False", "0"], (None,)),
+    "gn_silu_no_affine_5d": ("group_norm", ["x", None, None, "4", "1e-06", "True", "False", "0"], (None,)),
+    "gn_no_affine_fp32": ("group_norm", ["x", None, None, "4", "1e-05", "False", "False", "0"], (None,)),
+    "gn_silu_fp16_one_channel_groups": ("group_norm", ["x", "w", "b", "8", "1e-05", "True", "False", "0"], (None,)),
+    "gn_silu_one_group_fp32_weight": ("group_norm", ["x", "w", "b", "1", "1e-05", "True", "False", "0"], (None,)),
+    "gn_sigmoid_form_2d": ("group_norm", ["x", "w", "b", "4", "1e-05", "True", "True", "0"], (None,)),
 }
 
 
@@ -183,6 +233,32 @@ def test_softmax_and_norm_bytes(captured):
     assert match_program(captured["rms_llama_returns_sum"]).bytes_moved == 4 * 16 * D * 2 + D * 2
 
 
+def test_group_norm_bytes_roles_and_description(captured):
+    plan = match_program(captured["gn_silu_affine_bf16"])
+    assert plan.family == "group_norm" and plan.bytes_moved == 2 * (2 * 8 * 4 * 4 * 2) + 2 * 8 * 2  # x, out, w, b
+    assert plan.description.startswith("silu(GroupNorm(4, 8)) over x bf16[2, 8, 4, 4] (8 groups of 32")
+    plan = match_program(captured["gn_silu_one_group_fp32_weight"])
+    assert plan.bytes_moved == 2 * (8 * 15 * 2) + 2 * 8 * 4
+    g = parse_fx(captured["gn_weight_only_bf16"])
+    plan = match_program(captured["gn_weight_only_bf16"])
+    w = g.nodes[g.placeholders[plan.args[1].input]].meta  # the weight is the [C] input, x the NCHW one
+    assert w.shape == (8,) and g.nodes[g.placeholders[plan.args[0].input]].meta.shape == (2, 8, 4, 4)
+    assert "rounded before the SiLU" in match_program(captured["gn_sigmoid_form_2d"]).description
+
+
+def test_group_norm_refuses_groups_the_kernels_cannot_index():
+    from tilesmith.agent.builtin.native_match_groupnorm import GROUP_NORM_MAX_GROUP
+
+    fx = fx_of(lambda x: F.silu(F.group_norm(x, 2, None, None, 1e-5)), torch.randn(1, 4, 8, 8))
+    c, hw = 4, GROUP_NORM_MAX_GROUP // 2  # groups of 2 * hw = 2^30 elements
+    big = (fx.replace("[1, 4, 8, 8][256, 64, 8, 1]", f"[1, {c}, {hw}, 1][{c * hw}, {hw}, 1, 1]")
+             .replace("[1, 2, 2, 64][256, 128, 64, 1]", f"[1, 2, 2, {hw}][{c * hw}, {2 * hw}, {hw}, 1]")
+             .replace("[1, 2, 2, 64]", f"[1, 2, 2, {hw}]"))
+    assert big != fx
+    with pytest.raises(NoMatch, match="group_norm: groups of 1073741824 elements"):
+        match_program(big)
+
+
 @pytest.mark.parametrize("name", sorted(REFUSED))
 def test_other_graphs_are_refused_with_the_reason(name):
     (fn, inputs), reason = REFUSED[name]
@@ -227,3 +303,31 @@ def test_unparseable_or_constant_reading_programs_are_refused():
         "        amax", "        _frozen_param0: \"f32[32][1]cpu\" = self._frozen_param0\n        amax", 1)
     with pytest.raises(NoMatch, match="module constants"):
         match_program(with_attr)
+
+
+@pytest.mark.parametrize("name,groups,silu", [("gn_silu_bf16", 32, True), ("gn_bf16", 8, False),
+                                              ("gn_silu_f32", 8, True)])
+def test_group_norm_programs_captured_on_cuda_match(name, groups, silu):
+    """The CUDA decomposition (``view(centred) * unsqueeze(w) + unsqueeze(b)``, SiLU as ``y / (1 + exp(-y))``)
+    is the one tilesmith.compile sees on a GPU; the CPU captures above broadcast the weight differently."""
+    plan = match_program((NATIVE_CUDA / f"{name}.fx.txt").read_text())
+    assert plan.family == "group_norm"
+    x, weight, bias, g, _eps, act, round_mid = plan.args[:7]
+    assert (x.input, weight.input, bias.input) == (2, 0, 1)
+    assert (g.literal, act.literal, round_mid.literal) == (str(groups), str(silu), "False")
+
+
+def test_group_norm_cuda_form_without_its_bias_add_is_weight_only():
+    fx = (NATIVE_CUDA / "gn_bf16.fx.txt").read_text()
+    lines = fx.splitlines()
+    add = next(i for i, l in enumerate(lines) if " = torch.ops.aten.add.Tensor(mul_1, unsqueeze_5)" in l)
+    out = lines[add].split(":", 1)[0].strip()
+    kept = [l for i, l in enumerate(lines) if i != add and "unsqueeze_3" not in l and "unsqueeze_4" not in l
+            and "unsqueeze_5" not in l]
+    fx2 = "\n".join(kept).replace(f"({out},", "(mul_1,").replace(f"({out})", "(mul_1)")
+    fx2 = fx2.replace(", arg1_1: ", ", unused_1: ")
+    try:
+        plan = match_program(fx2)
+    except NoMatch as exc:  # a program this test edited wrongly says why
+        pytest.fail(str(exc))
+    assert plan.family == "group_norm" and plan.args[1].input == 0 and plan.args[2].literal == "None"

@@ -150,6 +150,11 @@ CPU_CASES = {
     "int8_linear": (lambda x, w, s, r: r + (x @ w.to(torch.bfloat16).T) * s,
                     lambda: (torch.randn(2, 64, dtype=torch.bfloat16), torch.randint(-127, 127, (32, 64), dtype=torch.int8),
                              torch.rand(32, dtype=torch.bfloat16), torch.randn(2, 32, dtype=torch.bfloat16))),
+    "group_norm_silu": (lambda x, w, b: torch.nn.functional.silu(torch.nn.functional.group_norm(x, 4, w, b, 1e-5)),
+                        lambda: (torch.randn(2, 16, 6, 6, dtype=torch.bfloat16) * 3 + 1,
+                                 torch.rand(16, dtype=torch.bfloat16) + 0.5, torch.randn(16, dtype=torch.bfloat16))),
+    "group_norm_fp32_no_affine": (lambda x: torch.nn.functional.group_norm(x, 2, None, None, 1e-6),
+                                  lambda: (torch.randn(3, 4, 5, 7),)),
 }
 
 
@@ -179,6 +184,28 @@ def test_rewritten_cpu_wrapper_computes_what_the_original_computes(name, monkeyp
         assert g.shape == w.shape and g.dtype == w.dtype and g.stride() == w.stride()
         tol = {"rtol": 1.6e-2, "atol": 1e-2} if w.dtype == torch.bfloat16 else {"rtol": 1e-4, "atol": 1e-5}
         torch.testing.assert_close(g, w, **tol)
+
+
+def test_group_norm_rewrite_is_one_native_call_with_the_plan_arguments(cpu_test_mode):
+    import re
+
+    from bench.harness import Workload, capture_graphs
+    from tests import gate_support as gs
+
+    fn, make = CPU_CASES["group_norm_silu"]
+    inputs = make()
+    plan = match_program(capture_graphs(Workload(_Fn(fn), inputs))[0].fx_program)
+    cap = gs.capture(_Fn(fn), *inputs)[0]
+    key = SimpleNamespace(**{**vars(KEY), "family": "group_norm"})
+    source = native_source(cap.source, plan, key, device="cpu", allow_cpu=True, input_count=len(cap.inputs))
+    call = re.search(r"buf_native = _tilesmith_native_group_norm\.group_norm\((\w+), (\w+), (\w+), 4, 1e-05, True, "
+                     r"False, 0\)", source)
+    assert call, source
+    names = [cap.source[m.start():m.end()] for m in re.finditer(r"arg\d+_1", cap.source)]
+    assert set(call.groups()) <= set(names) and len(set(call.groups())) == 3
+    assert f"_tilesmith_native_group_norm = native_module('group_norm', {KEY.key!r})" in source
+    assert "# Tilesmith native kernel (group_norm.group_norm): silu(GroupNorm(4, 16))" in source
+    assert scan(source) == []
 
 
 # ------------------------------------------------------------------------------------ generator and loop

@@ -2,7 +2,7 @@
 strided and misaligned inputs, special values, the matcher's fallbacks on real CUDA FX programs, the rewrite
 on real CUDA wrappers, and one graph installed through ``tilesmith.compile`` with the built-in agent.
 
-Run: ``python -m pytest -q -s tests/gpu/test_kernels_gpu.py`` (builds the three extensions on first use into
+Run: ``python -m pytest -q -s tests/gpu/test_kernels_gpu.py`` (builds the four extensions on first use into
 Tilesmith's kernel directory — ``TILESMITH_KERNEL_DIR``, default ``<cache root>/kernels`` — or reuses the build
 ``bench/kernels.py`` made). A failed build fails the module's first test with the compiler's message.
 """
@@ -37,7 +37,7 @@ def kernels():
     for family, b in builds.items():
         how = "built" if b.built else "cached build loaded"
         print(f"\n[kernels] {family}: {how} in {b.seconds:.2f} s ({b.key.arch}, key {b.key.key[:12]})")
-    print(f"[kernels] all three ready after {time.perf_counter() - started:.1f} s")
+    print(f"[kernels] all {len(builds)} ready after {time.perf_counter() - started:.1f} s")
     return {f: b.module for f, b in builds.items()}
 
 
@@ -260,6 +260,119 @@ def test_norm_issue_shape_strided_input_and_limits(kernels):
         mod.rms_norm(torch.randn(2, 16392, device=DEV), None, None, 1e-6, False, False)
 
 
+# -------------------------------------------------------------------------------------------- group_norm
+
+GN_CASES = [  # N, C, spatial, G, dtype, weight, bias, silu
+    (16, 512, (64, 64), 32, BF, True, True, True),     # the benchmark shape: register kernel, cluster of 8
+    (2, 320, (32, 32), 32, F16, True, True, True),     # groups of 10240
+    (4, 64, (16, 16), 64, F32, True, True, True),      # groups of one channel
+    (3, 96, (8, 8), 1, BF, True, False, False),        # one group per sample
+    (2, 32, (7, 7), 8, BF, True, True, True),          # HW = 49: scalar path
+    (5, 12, (3, 5), 4, F32, False, False, True),       # C/G*HW = 45, no affine
+    (2, 8, (33,), 2, F16, False, True, False),         # 3-D input, odd length
+    (2, 16, (2, 3, 4), 4, BF, True, True, True),       # 5-D input
+    (1, 2048, (32, 32), 2, BF, True, True, True),      # groups of 2^20: looped kernel
+    (2, 256, (128, 128), 8, F32, True, True, True),    # groups of 2^19 fp32: looped, cluster split
+    (3, 6, (), 3, F32, True, True, True),              # [N, C]: HW = 1
+]
+
+
+def gn_operands(n, c, spatial, dtype, weight, bias, *, seed=0, wdtype=None):
+    g = torch.Generator(device=DEV).manual_seed(seed + n * c)
+    x = (torch.randn(n, c, *spatial, device=DEV, generator=g) * 2 + 0.7).to(dtype)
+    w = (torch.rand(c, device=DEV, generator=g) + 0.5).to(wdtype or dtype) if weight else None
+    b = torch.randn(c, device=DEV, generator=g).to(wdtype or dtype) if bias else None
+    return x, w, b
+
+
+@pytest.mark.parametrize("n,c,spatial,groups,dtype,weight,bias,silu", GN_CASES)
+@pytest.mark.parametrize("variant", [0, 1, 2, 3, 4])
+def test_group_norm_matches_the_reference(kernels, n, c, spatial, groups, dtype, weight, bias, silu, variant):
+    mod = kernels["group_norm"]
+    x, w, b = gn_operands(n, c, spatial, dtype, weight, bias)
+    got = mod.group_norm(x, w, b, groups, 1e-5, silu, False, variant)
+    assert got.shape == x.shape and got.dtype == dtype and got.is_contiguous()
+    close(got, ref.group_norm(x, w, b, groups, 1e-5, silu).double(), dtype, atol=3e-6 if dtype == F32 else None)
+    if variant == 0 and dtype != F32:
+        eager = torch.nn.functional.group_norm(x, groups, w, b, 1e-5)
+        close(got, (torch.nn.functional.silu(eager) if silu else eager).double(), dtype)
+
+
+def test_group_norm_picks_its_kernel(kernels):
+    mod = kernels["group_norm"]
+    hopper = torch.cuda.get_device_capability()[0] >= 9
+    x = torch.randn(16, 512, 64, 64, device=DEV, dtype=BF)
+    assert mod.group_norm_kernel(x, 32, 0) == ("register cluster=8 threads=128 vectors=8" if hopper else
+                                               mod.group_norm_kernel(x, 32, 2))
+    assert mod.group_norm_kernel(x, 32, 4).startswith("register cluster=8 threads=256 vectors=4" if hopper else "looped")
+    assert mod.group_norm_kernel(x, 32, 2).startswith("looped") and mod.group_norm_kernel(x, 32, 3).startswith("scalar")
+    small = torch.randn(2, 64, 8, 8, device=DEV, dtype=BF)
+    assert mod.group_norm_kernel(small, 32, 0) == "register cluster=1 threads=32 vectors=1"
+    assert mod.group_norm_kernel(torch.randn(2, 32, 7, 7, device=DEV, dtype=BF), 8, 0).startswith("scalar")
+    flat = torch.empty(2 * 64 * 8 * 8 + 1, device=DEV, dtype=BF)
+    misaligned = flat[1:].view(2, 64, 8, 8)
+    assert mod.group_norm_kernel(misaligned, 32, 0).startswith("scalar")
+    with pytest.raises(RuntimeError, match="variant must be"):
+        mod.group_norm_kernel(small, 32, 7)
+
+
+def test_group_norm_the_benchmark_shape_against_eager(kernels):
+    mod = kernels["group_norm"]
+    x, w, b = gn_operands(16, 512, (64, 64), BF, True, True, seed=1)
+    eager = torch.nn.functional.silu(torch.nn.functional.group_norm(x, 32, w, b, 1e-5))
+    want = ref.group_norm(x, w, b, 32, 1e-5, True).double()
+    for variant in (0, 1, 2, 4):
+        got = mod.group_norm(x, w, b, 32, 1e-5, True, False, variant)
+        close(got, want, BF)
+        close(got, eager.double(), BF)
+    y = mod.group_norm(x, w, b, 32, 1e-5, True, False, 0)
+    assert torch.equal(y, mod.group_norm(x, w, b, 32, 1e-5, True, False, 0))  # deterministic
+
+
+def test_group_norm_options_layouts_and_refusals(kernels):
+    mod = kernels["group_norm"]
+    x, w, b = gn_operands(4, 64, (16, 16), BF, True, True, wdtype=F32)  # fp32 weight/bias with bf16 x
+    close(mod.group_norm(x, w, b, 8, 1e-5, True, False, 0), ref.group_norm(x, w, b, 8, 1e-5, True).double(), BF)
+    close(mod.group_norm(x, w, b, 8, 1e-5, True, True, 0), ref.group_norm(x, w, b, 8, 1e-5, True, True).double(), BF)
+    flat = torch.randn(4 * 64 * 16 * 16 + 1, device=DEV).to(BF)
+    misaligned = flat[1:].view(4, 64, 16, 16)
+    close(mod.group_norm(misaligned, w, b, 8, 1e-5, True, False, 0),
+          ref.group_norm(misaligned, w, b, 8, 1e-5, True).double(), BF)
+    # mean 1000, spread 1 (fp32): E[x^2] - E[x]^2 in fp32 would be off by ~6 %; the merged (n, mean, M2) is not
+    big = torch.randn(2, 8, 64, 64, device=DEV) + 1000.0
+    for variant in (0, 2, 3):
+        close(mod.group_norm(big, None, None, 2, 1e-6, False, False, variant),
+              ref.group_norm(big, None, None, 2, 1e-6, False).double(), F32, rtol=1e-4, atol=1e-4)
+    special = torch.randn(2, 8, 4, 4, device=DEV)
+    special[0, 0, 0, 0] = float("nan")
+    got = mod.group_norm(special, None, None, 4, 1e-5, True, False, 0)
+    assert got[0, :2].isnan().all() and not got[0, 2:].isnan().any() and not got[1].isnan().any()
+    cl = x.to(memory_format=torch.channels_last)
+    with pytest.raises(RuntimeError, match="must be contiguous NCHW"):
+        mod.group_norm(cl, w, b, 8, 1e-5, True, False, 0)
+    with pytest.raises(RuntimeError, match="must be contiguous NCHW"):
+        mod.group_norm(x[:, :32], None, None, 8, 1e-5, True, False, 0)
+    with pytest.raises(RuntimeError, match="must be positive and divide the channels"):
+        mod.group_norm(x, w, b, 7, 1e-5, True, False, 0)
+    with pytest.raises(RuntimeError, match="weight must have 64 elements"):
+        mod.group_norm(x, w[:32], b, 8, 1e-5, True, False, 0)
+    with pytest.raises(RuntimeError, match="must be a CUDA tensor"):
+        mod.group_norm(x.cpu(), None, None, 8, 1e-5, True, False, 0)
+    assert mod.group_norm(x[:0], w, b, 8, 1e-5, True, False, 0).shape == (0, 64, 16, 16)
+
+
+def test_group_norm_runs_inside_a_cuda_graph(kernels):
+    mod = kernels["group_norm"]
+    x, w, b = gn_operands(16, 512, (64, 64), BF, True, True, seed=2)
+    want = mod.group_norm(x, w, b, 32, 1e-5, True, False, 0)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # the cluster launch (cudaLaunchKernelEx) is captured on the current stream
+        out = mod.group_norm(x, w, b, 32, 1e-5, True, False, 0)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)
+
+
 # ----------------------------------------------------------------------------- matcher and rewrite on CUDA
 
 def _int8_fn(x, w, s, r):
@@ -289,9 +402,15 @@ class _Fn(torch.nn.Module):
         return self.fn(*args)
 
 
+def _gn_fn(x, w, b):
+    return torch.nn.functional.silu(torch.nn.functional.group_norm(x, 32, w, b, 1e-5))
+
+
 def _cases():
     x, w, s, _, r = int8_operands(1, 4096, 14336)
+    gx, gw, gb = gn_operands(8, 256, (32, 32), BF, True, True)
     return {
+        "group_norm": (_gn_fn, (gx, gw, gb)),
         "int8_linear": (_int8_fn, (x, w, s, r)),
         "softmax": (_sm2_fn, (torch.randn(512, 8192, device=DEV), torch.randn(512, 8192, device=DEV))),
         "norm": (_rms_fn, (torch.randn(512, 4096, device=DEV, dtype=BF), torch.randn(512, 4096, device=DEV, dtype=BF),
@@ -343,7 +462,8 @@ def test_native_candidate_matches_the_original_cuda_wrapper(kernels, family):
               atol=1e-6 if w_.dtype == F32 else None)
 
 
-def test_compile_with_the_builtin_agent_installs_the_native_int8_gemv(kernels, tmp_path, monkeypatch):
+def _compile_installs_native(model, inputs, tmp_path, monkeypatch, tag):
+    """tilesmith.compile with the built-in agent; the gate accepts the native_kernels candidate (returns records)."""
     import tilesmith
     from tilesmith.kernels.runtime import kernel_dir
 
@@ -351,8 +471,6 @@ def test_compile_with_the_builtin_agent_installs_the_native_int8_gemv(kernels, t
     monkeypatch.setenv("TILESMITH_CACHE_DIR", str(tmp_path / "ts"))
     monkeypatch.delenv("TILESMITH_ALLOW_CPU", raising=False)
     torch._dynamo.reset()
-    fn, inputs = _cases()["int8_linear"]
-    model = _Fn(fn)
     compiled = tilesmith.compile(model, example_inputs=inputs, agent_model="tilesmith/builtin", loops=1)
     started = time.perf_counter()
     with torch.no_grad():
@@ -360,22 +478,42 @@ def test_compile_with_the_builtin_agent_installs_the_native_int8_gemv(kernels, t
         close(compiled(*inputs), model(*inputs).double(), BF)
     records = tilesmith.benchmarks(compiled)
     diagnostics = tilesmith.diagnostics(compiled)
-    print(f"\n[e2e] {time.perf_counter() - started:.1f} s; diagnostics: {[(d.kind, d.message[:300]) for d in diagnostics]}")
+    print(f"\n[e2e {tag}] {time.perf_counter() - started:.1f} s; diagnostics: "
+          f"{[(d.kind, d.message[:300]) for d in diagnostics]}")
     for rec in records:
-        print(f"[e2e] benchmark {rec.graph_name}: torch_inductor_ms={rec.torch_inductor_ms:.4f} "
+        print(f"[e2e {tag}] benchmark {rec.graph_name}: torch_inductor_ms={rec.torch_inductor_ms:.4f} "
               f"tilesmith_ms={rec.tilesmith_ms:.4f} speedup={rec.speedup:.2f} ci={rec.speedup_ci} "
               f"roofline_floor_ms={rec.roofline_floor_ms}")
     evaluations = [e for p in sorted((tmp_path / "ts").glob("runs/*/*/track.json"))
                    for e in json.loads(p.read_text()).get("evaluations", [])]
     for e in evaluations:
-        print(f"[e2e] evaluation {e.get('proposer')}: {e.get('status')} speedup {e.get('speedup')} confirmation "
-              f"{e.get('confirmation_speedup')} {e.get('reasons', [])[:2]}")
+        print(f"[e2e {tag}] evaluation {e.get('proposer')}: {e.get('status')} speedup {e.get('speedup')} "
+              f"confirmation {e.get('confirmation_speedup')} {e.get('reasons', [])[:2]}")
     assert records, diagnostics
     accepted = [e.get("proposer") for e in evaluations if e.get("accepted")]
     assert "builtin:native_kernels" in accepted
     torch._dynamo.reset()
     if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "kernels-e2e.json").write_text(json.dumps(
+        Path(os.environ["OUT"], f"kernels-e2e-{tag}.json").write_text(json.dumps(
             [{"graph": r.graph_name, "torch_inductor_ms": r.torch_inductor_ms, "tilesmith_ms": r.tilesmith_ms,
               "speedup": r.speedup, "speedup_ci": list(r.speedup_ci), "roofline_floor_ms": r.roofline_floor_ms,
               "accepted": accepted} for r in records], indent=1))
+    return records
+
+
+def test_compile_with_the_builtin_agent_installs_the_native_int8_gemv(kernels, tmp_path, monkeypatch):
+    fn, inputs = _cases()["int8_linear"]
+    _compile_installs_native(_Fn(fn), inputs, tmp_path, monkeypatch, "int8")
+
+
+def test_compile_with_the_builtin_agent_installs_the_native_group_norm(kernels, tmp_path, monkeypatch):
+    """The benchmark case groupnorm_silu_bf16: examples.models.GroupNormSiLU(512, 32), x 16x512x64x64 bf16."""
+    from examples.models import GroupNormSiLU
+
+    torch.manual_seed(0)
+    model = GroupNormSiLU(512, 32).to(device=DEV, dtype=BF).eval().requires_grad_(False)
+    with torch.no_grad():
+        model.norm.weight.uniform_(0.5, 1.5)
+        model.norm.bias.normal_()
+    x = torch.randn(16, 512, 64, 64, device=DEV, dtype=BF)
+    _compile_installs_native(model, (x,), tmp_path, monkeypatch, "group_norm")

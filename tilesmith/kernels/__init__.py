@@ -8,6 +8,8 @@ Families (sources in ``csrc/``; one PyTorch extension each, built on first use, 
 - ``softmax``: row softmax over long rows with pre-ops (``x * scale + bias``) and the fused sum of two
   softmaxes, reading each row once (register-resident online statistics).
 - ``norm``: residual add + RMSNorm / LayerNorm over wide rows (one read, fp32 statistics).
+- ``group_norm``: GroupNorm (+ affine, + SiLU) over contiguous NCHW tensors, each group read once into the
+  registers of a block or of a thread-block cluster (sm_90), else two passes.
 
 :mod:`.runtime` is what a candidate wrapper imports (``native_module(family, key)``: load a finished build,
 never build); :mod:`.build` builds under a file lock in Tilesmith's kernel directory

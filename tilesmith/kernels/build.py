@@ -1,6 +1,6 @@
 """Building Tilesmith's native CUDA C++ kernels once per machine, and finding the builds again.
 
-Each kernel family (``int8_linear``, ``softmax``, ``norm``) is one PyTorch extension built with
+Each kernel family (``int8_linear``, ``softmax``, ``norm``, ``group_norm``) is one PyTorch extension built with
 ``torch.utils.cpp_extension.load`` from ``csrc/<family>.cu`` (the kernels, CUDA headers only) and
 ``csrc/<family>_bind.cpp`` (argument checks and the pybind11 module). A build lives in
 ``<kernel dir>/<key>/`` (:func:`tilesmith.kernels.runtime.kernel_dir`):
@@ -47,6 +47,7 @@ FAMILY_FILES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "int8_linear": (("int8_linear.cu", "int8_linear_bind.cpp"), ("common.cuh", "int8_linear.h", "bind_util.h")),
     "softmax": (("softmax.cu", "softmax_bind.cpp"), ("common.cuh", "softmax.h", "bind_util.h")),
     "norm": (("norm.cu", "norm_bind.cpp"), ("common.cuh", "norm.h", "bind_util.h")),
+    "group_norm": (("group_norm.cu", "group_norm_bind.cpp"), ("common.cuh", "group_norm.h", "bind_util.h")),
 }
 
 #: nvcc flags besides the architecture (no --use_fast_math: the kernels pick their fast intrinsics one by one).

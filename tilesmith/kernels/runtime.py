@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 #: The kernel families Tilesmith builds (``tilesmith/kernels/csrc/<family>.cu``).
-FAMILIES = ("int8_linear", "softmax", "norm")
+FAMILIES = ("int8_linear", "softmax", "norm", "group_norm")
 _KEY = re.compile(r"[0-9a-f]{64}")
 _LIBRARY = re.compile(r"build/[A-Za-z0-9_]+\.so")
 

@@ -1,8 +1,8 @@
 """Generator ``native_kernels``: replace a whole graph that one hand-written CUDA C++ kernel computes.
 
 When the captured FX program is exactly one of the patterns :mod:`.native_match` recognizes (int8 decode
-GEMV with scale/bias/residual, row softmax with pre-ops or the sum of two, residual + RMSNorm/LayerNorm),
-the candidate keeps Inductor's module, its ``call(args)`` ABI, the argument unpacking and every
+GEMV with scale/bias/residual, row softmax with pre-ops or the sum of two, residual + RMSNorm/LayerNorm,
+GroupNorm (+ SiLU) over NCHW), the candidate keeps Inductor's module, its ``call(args)`` ABI, the argument unpacking and every
 ``assert_size_stride`` / ``assert_alignment`` of the body, and replaces the rest of the body with one call of
 the native kernel (:mod:`tilesmith.kernels`) inside Inductor's device guard; the Triton kernels nothing
 references any more are dropped from the module, so importing it compiles nothing. The extension is built
