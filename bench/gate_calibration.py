@@ -8,9 +8,9 @@ quiescence, the sequential rule):
    candidate processes; a "gate" is a measurement and a confirmation in two *different* candidate processes
    against the trusted worker, each the production timing run (``host.timing.run_timing``: random arm order,
    in-place input refresh, L2 flush, whole-device synchronize, CUDA events, the other processes stopped, the
-   sequential stop), accepted only when both pass the rule. With ``--control`` (the gate's in-process control
-   arm, ``Gate.control``, off by default) every candidate worker also holds the baseline's code as ``ctl`` and the
-   rule decides on candidate vs control; the per-process median of the candidate's ratio over the trusted worker
+   sequential stop), accepted only when both pass the rule. With the gate's in-process control arm
+   (``Gate.control``: on for CUDA since 2026-12-07; ``--control``/``--no-control`` choose) every candidate worker
+   also holds the baseline's code as ``ctl`` and the rule decides on candidate vs control; the per-process median of the candidate's ratio over the trusted worker
    (``cross_process``) is reported beside the rule's ratio (a process-level bias shows there: on the H200,
    2026-12-02, it was 1.010–1.024 in all four candidate processes and 1 of 75 A/A gates passed).
 2. **True-gain acceptance rate** — the baseline is an incumbent worker holding the original plus a calibrated
@@ -372,9 +372,10 @@ def main() -> int:
     parser.add_argument("--aa-workers", type=int, default=4, help="candidate processes the trials rotate over")
     parser.add_argument("--pairs", type=int, default=None, help="most pairs per phase (default TILESMITH_GATE_PAIRS)")
     parser.add_argument("--wall-repeats", type=int, default=3, help="full evaluations per kind and graph")
-    parser.add_argument("--control", action="store_true",
-                        help="with the gate's in-process control arm (Gate.control, off by default): the rule on "
-                             "candidate vs the baseline's code in the candidate's own process")
+    parser.add_argument("--control", action=argparse.BooleanOptionalAction, default=None,
+                        help="with (--control) or without (--no-control) the gate's in-process control arm "
+                             "(Gate.control: the rule on candidate vs the baseline's code in the candidate's own "
+                             "process); default: the gate's own default (on for CUDA, off in CPU test mode)")
     parser.add_argument("--graphs", default="mlp_block_fp32,gelu_matmul_bf16", help="comma-separated; none: only --memory")
     parser.add_argument("--memory", action="store_true", help="also the big-tensor and too-big cases")
     parser.add_argument("--quick", action="store_true", help="--aa 100 --gain 40 --wall-repeats 2 (≤ 5 min on the H200)")
@@ -435,8 +436,9 @@ def main() -> int:
                     profiles_dir=work / name / "profiles", timing_pairs=pairs)
         row["gate_start_s"] = round(time.monotonic() - t0, 2)
         row["original_call_ms"] = gate.captured.wall_ms
-        trials = Trials(gate, args.aa_workers, control=args.control)
-        gate.control = args.control
+        if args.control is not None:
+            gate.control = args.control
+        trials = Trials(gate, args.aa_workers, control=gate.control)
         try:
             slow_source, amount, ratio = calibrate_extra(trials, cap.source, args.device, 0.05, pairs)
             row["extra_work"] = {"amount": amount, "unit": "seconds" if args.device == "cpu" else "cycles",

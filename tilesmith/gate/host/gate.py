@@ -131,12 +131,14 @@ class Gate:
         self.max_sample_ms = max(SAMPLE_MAX_MS[self.device.type], 4 * self.target_ms)
         self.spare_count = int(spares if spares is not None else (4 if self.device.type == "cuda" else 1))
         self.allowance = stats.CPU_PROCESS_ALLOWANCE if self.device.type == "cpu" else 0.0
-        self.control = False
+        self.control = self.device.type == "cuda"
         """Decide on the candidate against the baseline's code timed in the candidate's own process (arm ``ctl``;
         :func:`tilesmith.gate.host.stats.decide_controlled`); the baseline in its own process guards the pass.
-        Off until calibrated on the H200. The in-process A/A bias once measured on the CPU (1.035–1.050) was a bug
-        of the calibration benchmark (its A/A control was the slowed incumbent); fixed, the CPU in-process A/A
-        ratios were 0.997–1.014 (2026-12-04, docs/gate.md)."""
+        On for CUDA since 2026-12-07: calibrated on an H100 (``bench/gate_calibration.py --control``, MLP block
+        0.47 ms) with 0 of 145 A/A gates accepted and 52 of 53 at a true 5 % gain, where the cross-process rule
+        alone had accepted 1 of 124 A/A and 48 of 60 (80 %) on the H200 (session 7): the candidate processes ran
+        the same code 1.004–1.019× faster than the trusted worker, a bias the in-process arm does not see
+        (docs/gate.md). Off in CPU test mode, whose per-process allowance covers that bias."""
         self.preload = self.device.type == "cuda"
         self.second_trusted = True
         """The confirmation is timed against a second trusted worker (the original only, too), so measurement and
