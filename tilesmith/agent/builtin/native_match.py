@@ -37,7 +37,7 @@ from typing import Any
 
 from tilesmith.agent.builtin.native_match_base import (_CONVERT, _VIEWS, FLOATS, INT8_MAX_M, NONE, NORM_MAX_D,
                                                        TORCH_NAME, Arg, NativePlan, NoMatch, _last_dim, _lit,
-                                                       _row_input, _unclone, _vector_input, _Walk)
+                                                       _row_input, _unclone, _upcast_source, _vector_input, _Walk)
 from tilesmith.agent.builtin.native_match_groupnorm import match_group_norm
 from tilesmith.fx_text import DType, FxTextError, Meta, Ref, parse_fx
 
@@ -393,12 +393,7 @@ def _match_norm(walk: _Walk) -> NativePlan:
 
 def _residual_sum(walk: _Walk, hf: Any) -> tuple[Any, int, int | None, Meta]:
     """``(h, x index, r index, x meta)`` for ``hf = convert(h, f32)`` (or ``h`` in fp32), ``h = x (+ r)``."""
-    h = hf
-    if walk.is_call(hf, _CONVERT):
-        conv = walk.call(hf)
-        if tuple(conv.args[1:2]) != (DType("f32"),):
-            raise NoMatch("the statistics' input is not an upcast to float32")
-        h = conv.args[0]
+    h = _upcast_source(walk, hf)
     if walk.input_index(_unclone(walk, h)) is not None:
         x_idx, x_meta = _row_input(walk, h, "x")
         r_idx = None

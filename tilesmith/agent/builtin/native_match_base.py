@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tilesmith.fx_text import FxGraph, Meta, Node, Ref
+from tilesmith.fx_text import DType, FxGraph, Meta, Node, Ref
 
 FLOATS = ("f32", "bf16", "f16")
 #: FX abbreviation -> ``torch.<name>`` (what a generated call passes as a dtype argument).
@@ -121,6 +121,20 @@ def _unclone(walk: _Walk, value: Any) -> Any:
         return value
     walk.used.update(clones)
     return cur
+
+
+def _upcast_source(walk: _Walk, value: Any) -> Any:
+    """What ``value = convert(src, f32)`` upcasts (``value`` itself when it is no conversion).
+
+    Raises:
+        NoMatch: ``value`` converts to another dtype than float32.
+    """
+    if not walk.is_call(value, _CONVERT):
+        return value
+    conv = walk.call(value)
+    if tuple(conv.args[1:2]) != (DType("f32"),):
+        raise NoMatch("the statistics' input is not an upcast to float32")
+    return conv.args[0]
 
 
 def _row_input(walk: _Walk, value: Any, what: str) -> tuple[int, Meta]:

@@ -28,7 +28,8 @@ import math
 from typing import Any
 
 from tilesmith.agent.builtin.native_match_base import (_CONVERT, _VIEWS, FLOATS, NONE, Arg, NativePlan, NoMatch,
-                                                       _lit, _unclone, _vector_input, _Walk)
+                                                       _lit, _unclone, _upcast_source, _vector_input,
+                                                       _Walk)
 from tilesmith.fx_text import DType, Meta, Ref
 
 #: Largest group (C / G * HW elements) the kernels take (``csrc/group_norm_bind.cpp``: ``kMaxGroup``).
@@ -105,13 +106,7 @@ def _opt(walk: _Walk, value: Any) -> Arg:
 
 def _input(walk: _Walk, xf: Any) -> tuple[int, Meta, Any]:
     """``(index, meta, ref)`` of x, for ``xf = convert(x, f32)`` (16-bit x) or ``xf = x`` (fp32)."""
-    x = xf
-    if walk.is_call(xf, _CONVERT):
-        conv = walk.call(xf)
-        if tuple(conv.args[1:2]) != (DType("f32"),):
-            raise NoMatch("the statistics' input is not an upcast to float32")
-        x = conv.args[0]
-    x = _unclone(walk, x)
+    x = _unclone(walk, _upcast_source(walk, xf))
     idx = walk.input_index(x)
     if idx is None:
         raise NoMatch("x is computed in the graph, not a graph input")
