@@ -95,17 +95,16 @@ def test_a_thread_started_at_import_is_rejected(gate, chain):
     assert "thread" in " ".join(verdict.reasons).lower(), verdict.reasons
 
 
-def test_a_forked_workers_environment_has_no_secret_and_its_own_caches(gate, chain):
-    probe = ('import os\nraise RuntimeError("SECRETS=%d CACHE=%s TMP=%s CWD=%s" % (sum(1 for v in os.environ.values() '
-             'if "sk-fork" in v), os.environ["TORCHINDUCTOR_CACHE_DIR"], os.environ["TMPDIR"], os.getcwd()))')
+def test_a_forked_workers_environment_has_no_secret_and_its_own_caches(gate, chain, monkeypatch):
+    monkeypatch.setattr("tilesmith.gate.host.gate.scan", lambda source: [])  # the probe reads os.environ
+    probe = ('_os = torch.os\n_e, _d = _os.environ, _os.getcwd()\n'
+             'raise RuntimeError("SECRETS=%d CACHE=%s TMP=%s ZYGOTE=%s" % (sum(1 for v in _e.values() if "sk-fork" in v), '
+             '_e["TORCHINDUCTOR_CACHE_DIR"] == _d + "/inductor", _e["TMPDIR"] == _d + "/tmp", "zygote" in _d))')
     verdict = gate.evaluate(Candidate(source=module_code(chain.source, probe), proposer="scripted", note="env"))
     text = " ".join(verdict.reasons)
-    assert verdict.status != "accepted" and "SECRETS=0" in text, text
-    cache = text.split("CACHE=", 1)[1].split()[0]
-    cwd = text.split("CWD=", 1)[1].split()[0].rstrip("⟧")
-    assert cache == cwd + "/inductor" and text.split("TMP=", 1)[1].split()[0] == cwd + "/tmp", text
-    assert "tilesmith-zygote-" not in cwd
-    for worker in gate._workers:
+    assert verdict.status != "accepted" and "SECRETS=0 CACHE=True TMP=True ZYGOTE=False" in text, text
+    assert SECRET.encode() not in Path(f"/proc/{_zygote().proc.pid}/environ").read_bytes()
+    for worker in [w for w in gate._workers if w.alive()]:
         assert SECRET.encode() not in Path(f"/proc/{worker.pid}/environ").read_bytes()
         assert SECRET not in str(worker.environ)
 
@@ -135,7 +134,7 @@ def test_the_zygotes_death_falls_back_to_subprocess(gate, chain, tmp_path):
     forked = WorkerProcess(tmp_path, label="before the zygote died", device_type="cpu")
     assert isinstance(forked.proc, ForkedProcess)
     zygote = _zygote()
-    os.killpg(zygote.proc.pid, signal.SIGKILL)
+    os.killpg(zygote.proc.pid, signal.SIGKILL)  # its whole group: a forked worker has its own session
     zygote.proc.wait(timeout=30)
     try:
         assert forked.wait_ready(120)["forked"] is True  # a worker forked earlier goes on

@@ -242,12 +242,20 @@ def _say(cause: str, message: str) -> None:
         log.warning("tilesmith: gate fork server: %s; starting workers with subprocess", message)
 
 
+VOLATILE = ("PYTEST_CURRENT_TEST",)
+"""Variables that change between workers and that nothing reads while a zygote imports torch (pytest sets this one
+per test); a change of another variable (beyond :func:`tilesmith.gate.host.standby.comparable`'s) replaces the
+zygote. A forked worker's ``os.environ`` is always exactly the one it is given, these included."""
+
+
 def _comparable(env: dict[str, str]) -> dict[str, str]:
-    """``env`` without what every worker gets its own value of (:func:`.process.private_environment`)."""
+    """``env`` without what does not change what a zygote imported: the folders every worker gets its own of, the
+    variables torch sets while compiling (:func:`.standby.comparable`) and :data:`VOLATILE`."""
     from tilesmith.gate.host.process import private_environment
+    from tilesmith.gate.host.standby import comparable
 
     private = private_environment(Path("/"))
-    return {k: v for k, v in env.items() if k not in private}
+    return {k: v for k, v in comparable(env).items() if k not in private and k not in VOLATILE}
 
 
 def server(device_type: str, base_env: dict[str, str]) -> ForkServer | None:
@@ -258,7 +266,12 @@ def server(device_type: str, base_env: dict[str, str]) -> ForkServer | None:
     with _LOCK:
         current = _servers.get(device_type)
         if current is not None and (current.base_env != base_env or not current.alive()):
-            if not current.alive():
+            if current.alive():
+                changed = sorted(k for k in set(base_env) | set(current.base_env)
+                                 if base_env.get(k) != current.base_env.get(k))
+                log.info("tilesmith: gate fork server: the worker environment changed (%s): a new zygote",
+                         ", ".join(changed)[:300])
+            else:
                 _failures[device_type] = _failures.get(device_type, 0) + 1
                 _say(f"died:{id(current)}", f"the zygote ended ({current.broken or 'exit'})")
             _servers.pop(device_type).close()

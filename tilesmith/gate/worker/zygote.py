@@ -120,23 +120,39 @@ def _fork(ctl: socket.socket, request: dict, fds: list[int], host_fd: int) -> bo
     if refusal is not None:
         _send(ctl, op="error", message=refusal)
         return False
+    done_r, done_w = os.pipe()
     try:
         pid = os.fork()
     except OSError as exc:
+        os.close(done_r)
+        os.close(done_w)
         _send(ctl, op="error", message=f"fork failed: {exc}")
         return False
     if pid == 0:
         try:
-            _become_worker(ctl, request, fds, host_fd)
+            os.close(done_r)
+            _become_worker(ctl, request, fds, (host_fd, done_w))
+            os.write(done_w, b"1")  # set up, in its own session: the zygote's end (or group kill) no longer ends it
+            os.close(done_w)
         except BaseException:  # noqa: BLE001 - never fall back into the zygote's loop
             traceback.print_exc()
             os._exit(127)
         return True
+    os.close(done_w)
+    try:
+        ok = bool(select.select([done_r], [], [], 10.0)[0]) and os.read(done_r, 1) == b"1"
+    finally:
+        os.close(done_r)
+    if not ok:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        _send(ctl, op="error", message="the forked child failed to set itself up (see the worker log)")
+        return False
     _send(ctl, op="forked", pid=pid)
     return False
 
 
-def _become_worker(ctl: socket.socket, request: dict, fds: list[int], host_fd: int) -> None:
+def _become_worker(ctl: socket.socket, request: dict, fds: list[int], keep: tuple[int, ...]) -> None:
     """In the child: its own session, the host's pipes as fds 0/1 and its log as fd 2, the zygote's control
     socket closed (a candidate cannot reach the zygote), the worker's environment (its private caches) in
     ``os.environ`` before anything reads it, its private folder as working directory."""
@@ -154,7 +170,7 @@ def _become_worker(ctl: socket.socket, request: dict, fds: list[int], host_fd: i
     tempfile.tempdir = None  # tempfile caches TMPDIR once read: read it again, from the worker's environment
     os.chdir(str(request["cwd"]))
     sys.argv = [a for a in sys.argv if a != "--zygote"]
-    leftover = [int(fd) for fd in os.listdir("/proc/self/fd") if int(fd) > 2 and int(fd) != host_fd]
+    leftover = [int(fd) for fd in os.listdir("/proc/self/fd") if int(fd) > 2 and int(fd) not in keep]
     for fd in leftover:  # the listing's own descriptor is closed already: these are inherited
         try:
             kind = os.readlink(f"/proc/self/fd/{fd}")
