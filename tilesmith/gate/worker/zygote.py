@@ -168,6 +168,7 @@ def _become_worker(ctl: socket.socket, request: dict, fds: list[int], keep: tupl
     os.environ.clear()
     os.environ.update({str(k): str(v) for k, v in dict(request["env"]).items()})
     tempfile.tempdir = None  # tempfile caches TMPDIR once read: read it again, from the worker's environment
+    _rebase_globals(os.getcwd(), str(request["cwd"]))
     os.chdir(str(request["cwd"]))
     sys.argv = [a for a in sys.argv if a != "--zygote"]
     leftover = [int(fd) for fd in os.listdir("/proc/self/fd") if int(fd) > 2 and int(fd) not in keep]
@@ -178,3 +179,26 @@ def _become_worker(ctl: socket.socket, request: dict, fds: list[int], keep: tupl
             continue
         if kind.startswith(("socket:", "pipe:")):
             raise RuntimeError(f"zygote child inherited descriptor {fd} ({kind})")
+
+
+def _rebase_globals(old: str, new: str) -> int:
+    """Point module-level paths computed at import under the zygote's folder into the worker's (same layout:
+    ``inductor``, ``triton``, ``tmp``), e.g. Inductor's ``codecache._HEADER_DIR`` (precompiled headers, from
+    ``TMPDIR`` at import). Without this a forked worker would write there: a cache shared by every forked worker,
+    which the audit hook also refuses to candidate code. Only ``str`` and ``pathlib`` globals of loaded modules;
+    returns how many were rebased."""
+    from pathlib import PurePath
+
+    count = 0
+    prefix = old.rstrip(os.sep) + os.sep
+    for module in list(sys.modules.values()):
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict):
+            continue
+        for name, value in list(namespace.items()):
+            text = str(value) if isinstance(value, PurePath) else value
+            if isinstance(text, str) and (text == old or text.startswith(prefix)):
+                rebased = new + text[len(old):]
+                namespace[name] = type(value)(rebased) if isinstance(value, PurePath) else rebased
+                count += 1
+    return count
