@@ -82,3 +82,18 @@ def cpu_test_mode(tmp_path, monkeypatch):
     torch._dynamo.reset()
     yield tmp_path / "ts"
     torch._dynamo.reset()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _forkserver_warm(_caches_outside_home):
+    """With ``TILESMITH_GATE_FORKSERVER=1`` in the environment (running existing suites against the fork server),
+    start the CPU zygote once and wait for it, so that the gates' workers are forked rather than started while it
+    warms up. Nothing otherwise."""
+    if os.environ.get("TILESMITH_GATE_FORKSERVER", "0") not in ("1", "true", "yes", "on"):
+        yield
+        return
+    from tilesmith.gate.host import forkserver
+
+    assert forkserver.prepare("cpu", timeout_s=600), "the fork server's zygote did not start"
+    yield
+    forkserver.shutdown()

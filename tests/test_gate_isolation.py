@@ -121,7 +121,9 @@ def test_worker_runs_with_private_caches_seeded_from_the_template(ln):
     gate, _ = ln
     worker = gate._take_worker()
     try:
-        env = _environ_of(worker.pid)
+        # A forked worker's /proc environ is the zygote's starting one (TILESMITH_GATE_FORKSERVER): it was given
+        # worker.environ as os.environ; the original loaded from its own cache below shows Inductor used it.
+        env = worker.environ if type(worker.proc).__name__ == "ForkedProcess" else _environ_of(worker.pid)
         for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TMPDIR"):
             assert Path(env[name]).parent == worker.dir, name
         assert env["TORCHINDUCTOR_CACHE_DIR"] != os.environ.get("TORCHINDUCTOR_CACHE_DIR")

@@ -283,6 +283,12 @@ _SETTINGS = (
             "Start one gate worker at tilesmith.compile() (when a graph may be eligible: a CUDA device, or "
             "CPU test mode) so that its Python start and torch import overlap with compilation; the first "
             "gate adopts it. 0: gate workers start only when a gate needs one."),
+    Setting("TILESMITH_GATE_FORKSERVER", "0", _bool,
+            "Start gate workers by forking them from a zygote process that imported torch and Inductor once "
+            "(per process and device type; it never runs candidate code or creates a device context) instead of "
+            "starting Python for each: a fresh worker in milliseconds rather than seconds. Prototype; 0 starts "
+            "every worker with subprocess. Any failure of the fork server falls back to subprocess "
+            "(docs/gate.md, \"Workers\")."),
     Setting("TILESMITH_GATE_PAIRS", "30", _positive_int,
             "Paired timing samples (baseline and candidate, order randomized per pair) in each gate phase: "
             "the first measurement and the fresh confirmation each take this many."),

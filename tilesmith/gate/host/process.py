@@ -237,13 +237,22 @@ class WorkerProcess:
         self.extra_dirs: tuple[Path, ...] = ()
         """Folders removed with this worker besides its own (a standby worker's parent folder)."""
         self.device_type = device_type
-        self.environ = {**worker_environment(environ, device_type), **private_environment(self.dir)}
+        base = worker_environment(environ, device_type)
+        self.environ = {**base, **private_environment(self.dir)}
         """The exact environment the process started with."""
-        self.proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
-            [sys.executable, "-P", "-m", "tilesmith.gate.worker", f"--device-type={device_type}"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, cwd=self.dir,
-            env=self.environ, start_new_session=True, close_fds=True,
-        )
+        self.proc: Any = None
+        """A :class:`subprocess.Popen`, or a :class:`~tilesmith.gate.host.forkserver.ForkedProcess` (a worker forked
+        by the fork server's zygote, ``TILESMITH_GATE_FORKSERVER``; ``None`` from it: start one as without)."""
+        if settings.get("TILESMITH_GATE_FORKSERVER"):
+            from tilesmith.gate.host import forkserver
+
+            self.proc = forkserver.start_worker(base, self.environ, self.dir, self._log.fileno(), device_type)
+        if self.proc is None:
+            self.proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
+                [sys.executable, "-P", "-m", "tilesmith.gate.worker", f"--device-type={device_type}"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, cwd=self.dir,
+                env=self.environ, start_new_session=True, close_fds=True,
+            )
         self._out_fd = self.proc.stdout.fileno()  # type: ignore[union-attr]
 
     # -- lifecycle -----------------------------------------------------------------------------------

@@ -51,16 +51,22 @@ def _limit_resources() -> None:
         pass
 
 
-def _watch_parent() -> None:
+def _watch_parent(host_fd: int | None = None) -> None:
     """Exit when the host disappears (killed without closing the gate): a daemon thread polls the
-    parent pid once a second. Started before any baseline, so the thread check does not count it."""
+    parent pid once a second (a worker forked by the zygote: the host's pidfd, since its parent is the zygote,
+    whose end must not end it). Started before any baseline, so the thread check does not count it."""
+    import select
     import threading
     import time
 
-    parent, sleep, getppid, leave = os.getppid(), time.sleep, os.getppid, os._exit
+    parent, sleep, getppid, leave, wait = os.getppid(), time.sleep, os.getppid, os._exit, select.select
 
     def watch() -> None:
         while True:
+            if host_fd is not None:
+                if wait([host_fd], [], [], 1.0)[0]:
+                    leave(0)
+                continue
             sleep(1.0)
             if getppid() != parent:
                 leave(0)
@@ -69,24 +75,33 @@ def _watch_parent() -> None:
 
 
 def main() -> int:
+    host_fd = None
+    if "--zygote" in sys.argv[1:]:
+        # The fork server (TILESMITH_GATE_FORKSERVER): returns only in a forked child, set up like a started worker.
+        from tilesmith.gate.worker import zygote
+
+        host_fd = zygote.serve(_device_type(sys.argv[1:]))
     proto_in, proto_out_fd = _secure_stdio()
     _limit_resources()
     # The audit hook goes in before torch (and long before any candidate) is imported; it judges events
-    # only once armed, right before the candidate's import (tilesmith.gate.worker.audit).
+    # only once armed, right before the candidate's import (tilesmith.gate.worker.audit). A forked worker
+    # installs it here too, after the zygote imported torch: never in the zygote, whose hook would stay bound to
+    # the zygote's folder and pid in every child (hooks cannot be removed); unarmed, a hook does nothing.
     from tilesmith.gate.worker import audit
 
     # Tilesmith's native kernel builds (tilesmith.kernels.runtime reads them when a candidate loads one):
     # readable, never writable (docs/gate.md, "Native kernels").
     kernel_dir = os.environ.get("TILESMITH_KERNEL_DIR", "")
     auditor = audit.install(os.getcwd(), readable=(kernel_dir,) if kernel_dir else ())
-    _watch_parent()
+    _watch_parent(host_fd)
     from tilesmith.gate.worker.core import Worker, prewarm
 
     worker = Worker(proto_out_fd, auditor)
     device_type = _device_type(sys.argv[1:])
     started = time.perf_counter()
     prewarm(device_type)
-    worker.announce(prewarm={"device_type": device_type, "seconds": round(time.perf_counter() - started, 3)})
+    worker.announce(prewarm={"device_type": device_type, "seconds": round(time.perf_counter() - started, 3)},
+                    **({"forked": True} if host_fd is not None else {}))
     for line in proto_in:  # type: ignore[attr-defined]
         if not line.strip():
             continue

@@ -1,0 +1,150 @@
+"""The gate with its fork server on (``TILESMITH_GATE_FORKSERVER=1``, CPU test mode): workers forked from a zygote
+decide like started ones (an identical candidate is not accepted, a truly faster one is, a thread started at
+import is caught), get no secret and their own caches, cannot reach the zygote, and the zygote's death only makes
+workers start with ``subprocess`` again."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests import gate_support as gs
+from tests.cheats.common import module_code
+from tilesmith.records import Candidate
+
+SECRET = "sk-fork-test-0123456789abcdef0123456789"
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "pidfd_open") or not Path("/proc/self/fd").exists(),
+                                reason="needs Linux pidfds and /proc")
+
+
+@pytest.fixture(scope="module")
+def env():
+    from tilesmith.gate.host import forkserver
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TILESMITH_ALLOW_CPU", "1")
+        mp.setenv("TILESMITH_GATE_FORKSERVER", "1")
+        mp.setenv("OPENAI_API_KEY", SECRET)
+        mp.setenv("MY_SERVICE_TOKEN", "tok-" + SECRET)
+        assert forkserver.prepare("cpu", timeout_s=600)
+        yield mp
+
+
+@pytest.fixture(scope="module")
+def chain(env) -> gs.Captured:
+    torch.manual_seed(2)
+    return gs.capture(gs.Chain(), torch.randn(512, 768))[0]
+
+
+@pytest.fixture(scope="module")
+def gate(chain, env, tmp_path_factory):
+    from tilesmith.gate import Gate
+
+    root = tmp_path_factory.mktemp("fork-gate")
+    g = Gate(gs.make_problem(chain, root / "snapshot", label="f0c4e700 (0_inference)"), reference=chain.ref_fn,
+             min_improvement=0.02, profiles_dir=root / "profiles", timing_pairs=10)
+    yield g
+    g.close()
+
+
+def _zygote():
+    from tilesmith.gate.host import forkserver
+
+    return forkserver._servers["cpu"]
+
+
+def _sockets(pid: int) -> set[str]:
+    found = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:"):
+            found.add(target)
+    return found
+
+
+def test_the_gates_workers_are_forked_and_a_truly_faster_candidate_is_accepted(gate, chain):
+    from tilesmith.gate.host.forkserver import ForkedProcess
+
+    assert all(isinstance(w.proc, ForkedProcess) for w in gate._workers), [type(w.proc) for w in gate._workers]
+    assert gate._trusted.ready_info.get("forked") is True
+    verdict = gate.evaluate(Candidate(source=gs.reassociate_chain(chain.source), proposer="scripted", note="fast"))
+    assert verdict.status == "accepted", verdict.reasons
+
+
+def test_an_identical_candidate_is_not_accepted(gate, chain):
+    verdict = gate.evaluate(Candidate(source=chain.source, proposer="scripted", note="identical"))
+    assert verdict.status != "accepted", verdict.reasons
+
+
+def test_a_thread_started_at_import_is_rejected(gate, chain):
+    source = module_code(gs.reassociate_chain(chain.source),
+                         '_Thread = getattr(torch.cuda, "thre" + "ading").Thread\n'
+                         '_t = _Thread(target=torch._inductor.utils.time.sleep, args=(60,), daemon=True)\n'
+                         '_t.start()')
+    verdict = gate.evaluate(Candidate(source=source, proposer="scripted", note="thread"))
+    assert verdict.status != "accepted"
+    assert "thread" in " ".join(verdict.reasons).lower(), verdict.reasons
+
+
+def test_a_forked_workers_environment_has_no_secret_and_its_own_caches(gate, chain, monkeypatch):
+    monkeypatch.setattr("tilesmith.gate.host.gate.scan", lambda source: [])  # the probe reads os.environ
+    probe = ('_os = torch.os\n_e, _d = _os.environ, _os.getcwd()\n'
+             'raise RuntimeError("SECRETS=%d CACHE=%s TMP=%s ZYGOTE=%s" % (sum(1 for v in _e.values() if "sk-fork" in v), '
+             '_e["TORCHINDUCTOR_CACHE_DIR"] == _d + "/inductor", _e["TMPDIR"] == _d + "/tmp", "zygote" in _d))')
+    verdict = gate.evaluate(Candidate(source=module_code(chain.source, probe), proposer="scripted", note="env"))
+    text = " ".join(verdict.reasons)
+    assert verdict.status != "accepted" and "SECRETS=0 CACHE=True TMP=True ZYGOTE=False" in text, text
+    assert SECRET.encode() not in Path(f"/proc/{_zygote().proc.pid}/environ").read_bytes()
+    for worker in [w for w in gate._workers if w.alive()]:
+        assert SECRET.encode() not in Path(f"/proc/{worker.pid}/environ").read_bytes()
+        assert SECRET not in str(worker.environ)
+
+
+def test_a_forked_worker_cannot_reach_the_zygotes_control_socket(gate):
+    zygote = _zygote()
+    theirs = _sockets(zygote.proc.pid)
+    assert theirs  # the zygote's end of the control channel
+    worker = gate._take_worker()
+    try:
+        worker.wait_ready(120)
+        assert worker.ready_info.get("forked") is True
+        assert not (_sockets(worker.pid) & theirs)
+        assert not _sockets(worker.pid)
+        assert os.getsid(worker.pid) == worker.pid != os.getsid(zygote.proc.pid)
+        assert os.readlink(f"/proc/{worker.pid}/cwd") == str(worker.dir)
+        assert worker.os_counts() == gate._trusted.os_counts() or worker.os_counts()[0] <= gate._trusted_counts[0]
+    finally:
+        worker.kill()
+    assert worker.proc.returncode == -signal.SIGKILL and not worker.alive()
+
+
+def test_the_zygotes_death_falls_back_to_subprocess(gate, chain, tmp_path):
+    from tilesmith.gate.host.forkserver import UNKNOWN_EXIT, ForkedProcess
+    from tilesmith.gate.host.process import WorkerProcess
+
+    forked = WorkerProcess(tmp_path, label="before the zygote died", device_type="cpu")
+    assert isinstance(forked.proc, ForkedProcess)
+    zygote = _zygote()
+    os.killpg(zygote.proc.pid, signal.SIGKILL)  # its whole group: a forked worker has its own session
+    zygote.proc.wait(timeout=30)
+    try:
+        assert forked.wait_ready(120)["forked"] is True  # a worker forked earlier goes on
+        assert forked.alive()
+    finally:
+        forked.kill()
+    assert forked.proc.returncode == UNKNOWN_EXIT and not forked.alive()
+    fallback = WorkerProcess(tmp_path, label="after the zygote died", device_type="cpu")
+    try:
+        assert isinstance(fallback.proc, subprocess.Popen)
+        assert "forked" not in fallback.wait_ready(300)
+    finally:
+        fallback.kill()
