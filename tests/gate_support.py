@@ -257,3 +257,16 @@ def linear_ln_gate(root: Path, label: str, *, scan_off: bool = False):
             yield gate, cap, root
         finally:
             gate.close()
+
+
+def chain_gate(chain: Captured, root: Path, label: str):
+    """A CPU test-mode ``Gate`` on the captured :class:`Chain` under ``root`` (2 % threshold, 10 pairs), for
+    module-scoped fixtures: yields the gate and closes it after."""
+    from tilesmith.gate import Gate
+
+    gate = Gate(make_problem(chain, root / "snapshot", label=label), reference=chain.ref_fn, min_improvement=0.02,
+                profiles_dir=root / "profiles", timing_pairs=10)
+    try:
+        yield gate
+    finally:
+        gate.close()

@@ -44,13 +44,7 @@ def chain(env) -> gs.Captured:
 
 @pytest.fixture(scope="module")
 def gate(chain, env, tmp_path_factory):
-    from tilesmith.gate import Gate
-
-    root = tmp_path_factory.mktemp("fork-gate")
-    g = Gate(gs.make_problem(chain, root / "snapshot", label="f0c4e700 (0_inference)"), reference=chain.ref_fn,
-             min_improvement=0.02, profiles_dir=root / "profiles", timing_pairs=10)
-    yield g
-    g.close()
+    yield from gs.chain_gate(chain, tmp_path_factory.mktemp("fork-gate"), "f0c4e700 (0_inference)")
 
 
 def _zygote():

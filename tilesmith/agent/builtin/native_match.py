@@ -37,7 +37,8 @@ from typing import Any
 
 from tilesmith.agent.builtin.native_match_base import (_CONVERT, _VIEWS, FLOATS, INT8_MAX_M, NONE, NORM_MAX_D,
                                                        TORCH_NAME, Arg, NativePlan, NoMatch, _last_dim, _lit,
-                                                       _row_input, _unclone, _upcast_source, _vector_input, _Walk)
+                                                       _row_input, _rsqrt_of_eps_add, _unclone, _upcast_source,
+                                                       _vector_input, _Walk)
 from tilesmith.agent.builtin.native_match_groupnorm import match_group_norm
 from tilesmith.fx_text import DType, FxTextError, Meta, Ref, parse_fx
 
@@ -291,12 +292,7 @@ def _match_softmax(walk: _Walk) -> NativePlan:
 # ---------------------------------------------------------------------------------------------- norm
 
 def _match_norm(walk: _Walk) -> NativePlan:
-    rsqrts = [n for n in walk.g.calls() if n.op == "aten.rsqrt.default"]
-    if len(rsqrts) != 1:
-        raise NoMatch(f"{len(rsqrts)} rsqrt operations (the pattern has one)")
-    rs = walk.call(Ref(rsqrts[0].name))
-    eps_add = walk.call(rs.args[0], "aten.add.Tensor", "aten.add.Scalar")
-    eps, stat_ref = walk.split(eps_add, lambda v: isinstance(v, (int, float)) and not isinstance(v, bool))
+    rs_ref, stat_ref, eps = _rsqrt_of_eps_add(walk)
     stat = walk.g.node(stat_ref)
     layer = stat is not None and stat.kind == "getitem"
     if layer:
@@ -359,7 +355,7 @@ def _match_norm(walk: _Walk) -> NativePlan:
         if walk.is_call(cur, _CONVERT) and not layer:
             cur, round_first = walk.call(cur).args[0], True
     y = walk.call(cur, "aten.mul.Tensor")
-    rs_side, centred = walk.split(y, lambda v: v == Ref(rs.name))
+    rs_side, centred = walk.split(y, lambda v: v == rs_ref)
     if layer:
         sub = walk.call(centred, "aten.sub.Tensor")
         if sub.args[:2] != (hf, Ref(mean_name)):

@@ -137,6 +137,21 @@ def _upcast_source(walk: _Walk, value: Any) -> Any:
     return conv.args[0]
 
 
+def _rsqrt_of_eps_add(walk: _Walk) -> tuple[Ref, Any, float]:
+    """``(rsqrt node, statistic, eps)`` for the graph's one ``rsqrt(statistic + eps)``.
+
+    Raises:
+        NoMatch: not exactly one rsqrt, or its argument is not a sum with a number.
+    """
+    rsqrts = [n for n in walk.g.calls() if n.op == "aten.rsqrt.default"]
+    if len(rsqrts) != 1:
+        raise NoMatch(f"{len(rsqrts)} rsqrt operations (the pattern has one)")
+    rs = walk.call(Ref(rsqrts[0].name))
+    add = walk.call(rs.args[0], "aten.add.Tensor", "aten.add.Scalar")
+    eps, stat = walk.split(add, lambda v: isinstance(v, (int, float)) and not isinstance(v, bool))
+    return Ref(rs.name), stat, float(eps)
+
+
 def _row_input(walk: _Walk, value: Any, what: str) -> tuple[int, Meta]:
     value = _unclone(walk, value)
     index = walk.input_index(value)

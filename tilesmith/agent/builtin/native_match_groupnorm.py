@@ -28,8 +28,8 @@ import math
 from typing import Any
 
 from tilesmith.agent.builtin.native_match_base import (_CONVERT, _VIEWS, FLOATS, NONE, Arg, NativePlan, NoMatch,
-                                                       _lit, _unclone, _upcast_source, _vector_input,
-                                                       _Walk)
+                                                       _lit, _rsqrt_of_eps_add, _unclone, _upcast_source,
+                                                       _vector_input, _Walk)
 from tilesmith.fx_text import DType, Meta, Ref
 
 #: Largest group (C / G * HW elements) the kernels take (``csrc/group_norm_bind.cpp``: ``kMaxGroup``).
@@ -136,15 +136,10 @@ def _var_mean_items(walk: _Walk, vm: Any) -> tuple[Ref, Ref]:
 
 
 def _rstd(walk: _Walk, var: Ref) -> tuple[Ref, float]:
-    rs = [n for n in walk.g.calls() if n.op == "aten.rsqrt.default"]
-    if len(rs) != 1:
-        raise NoMatch(f"{len(rs)} rsqrt operations (the pattern has one)")
-    node = walk.call(Ref(rs[0].name))
-    add = walk.call(node.args[0], "aten.add.Tensor", "aten.add.Scalar")
-    eps, stat = walk.split(add, lambda v: isinstance(v, (int, float)) and not isinstance(v, bool))
+    rstd, stat, eps = _rsqrt_of_eps_add(walk)
     if stat != var:
         raise NoMatch("the rsqrt is not of var + eps")
-    return Ref(node.name), float(eps)
+    return rstd, eps
 
 
 def _silu(walk: _Walk, y: Any, dtype: str) -> tuple[Any, bool, bool]:
