@@ -66,7 +66,7 @@ def test_faster_honest_candidate_is_accepted_after_confirmation(accepted):
 
 @pytest.fixture()
 def controlled(gate):
-    gate.control = True  # the in-process control arm (docs/gate.md; off by default until calibrated)
+    gate.control = True  # the in-process control arm (docs/gate.md; on by default for CUDA, off in CPU test mode)
     yield gate
     gate.control = False
 
@@ -94,6 +94,7 @@ def test_the_control_is_the_incumbents_code_when_there_is_one(controlled, chain)
 
 
 def test_without_the_control_arm_no_control_samples_are_taken(accepted):
+    """CPU test mode's default: no control arm (its per-process allowance covers process factors)."""
     assert accepted.timing.control_ms is None and accepted.confirmation.speedup_vs_control is None
 
 
