@@ -19,6 +19,17 @@ from typing import Any
 PRIVATE_CACHE_DIRS = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton", "TMPDIR": "tmp"}
 
 
+def private_folder(prefix: str, parent: Path | None = None) -> Path:
+    """A new folder only this user can enter (0700), under ``parent`` (the system's temporary folder when
+    ``None``), holding the empty :data:`PRIVATE_CACHE_DIRS` sub-directories: a worker's, or the fork server's
+    zygote's (it is started like a worker)."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    os.chmod(folder, 0o700)
+    for sub in PRIVATE_CACHE_DIRS.values():
+        (folder / sub).mkdir(mode=0o700)
+    return folder
+
+
 _ISA_PROBES: tuple[tuple[str, str], ...] = ()
 
 

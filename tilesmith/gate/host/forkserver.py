@@ -32,7 +32,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -63,15 +62,12 @@ class ForkServer:
     """One zygote process and its control socket. Thread-safe (one lock around the socket)."""
 
     def __init__(self, device_type: str, base_env: dict[str, str]) -> None:
-        from tilesmith.gate.host.caches import PRIVATE_CACHE_DIRS
+        from tilesmith.gate.host.caches import private_folder
         from tilesmith.gate.host.process import private_environment
 
         self.device_type = device_type
         self.base_env = dict(base_env)
-        self.dir = Path(tempfile.mkdtemp(prefix="tilesmith-zygote-"))
-        os.chmod(self.dir, 0o700)
-        for sub in PRIVATE_CACHE_DIRS.values():
-            (self.dir / sub).mkdir(mode=0o700)
+        self.dir = private_folder("tilesmith-zygote-")
         self.lock = threading.RLock()
         self.exits: dict[int, int] = {}
         self.info: dict[str, Any] | None = None
@@ -249,13 +245,12 @@ zygote. A forked worker's ``os.environ`` is always exactly the one it is given, 
 
 
 def _comparable(env: dict[str, str]) -> dict[str, str]:
-    """``env`` without what does not change what a zygote imported: the folders every worker gets its own of, the
-    variables torch sets while compiling (:func:`.standby.comparable`) and :data:`VOLATILE`."""
-    from tilesmith.gate.host.process import private_environment
+    """``env`` without what does not change what a zygote imported: the folders every worker gets its own of and
+    the variables torch sets while compiling (both dropped by :func:`.standby.comparable`), and :data:`VOLATILE`.
+    (The zygote and every child get :func:`.process.private_environment`'s variables set over it.)"""
     from tilesmith.gate.host.standby import comparable
 
-    private = private_environment(Path("/"))
-    return {k: v for k, v in comparable(env).items() if k not in private and k not in VOLATILE}
+    return {k: v for k, v in comparable(env).items() if k not in VOLATILE}
 
 
 def server(device_type: str, base_env: dict[str, str]) -> ForkServer | None:

@@ -22,7 +22,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ import tilesmith
 from tilesmith import settings
 from tilesmith.errors import WorkerError
 from tilesmith.gate import protocol
-from tilesmith.gate.host.caches import PRIVATE_CACHE_DIRS, copy_cache_template, seed_private_cache
+from tilesmith.gate.host.caches import PRIVATE_CACHE_DIRS, copy_cache_template, private_folder, seed_private_cache
 from tilesmith.secrets import is_secret_name, redact, secret_values
 
 
@@ -199,10 +198,7 @@ class WorkerProcess:
     def __init__(self, parent_dir: Path, *, label: str, environ: dict[str, str] | None = None,
                  template: Path | None = None, device_type: str = "cuda") -> None:
         self.label = f"{label}#{next(self._numbers)}"
-        self.dir = Path(tempfile.mkdtemp(prefix="w", dir=parent_dir))
-        os.chmod(self.dir, 0o700)
-        for sub in PRIVATE_CACHE_DIRS.values():
-            (self.dir / sub).mkdir(mode=0o700)
+        self.dir = private_folder("w", parent_dir)
         self.seeded = copy_cache_template(template, self.dir) if template is not None else 0
         self.seeded += seed_private_cache(self.dir)
         self.templated = template is not None
