@@ -233,3 +233,60 @@ def test_quiescence_lets_a_cuda_spare_import_torch_off_the_timing_cpu(monkeypatc
     quiet = Quiescence([active, spare2], timing_cpus={3})
     quiet.only(active)
     assert spare2.stopped and spare2.pins == []
+
+
+_ORPHAN = """
+import os, subprocess, sys, time
+child = '''
+import importlib.util, os, sys, time
+spec = importlib.util.spec_from_file_location("worker_main", sys.argv[2])  # the file alone: no torch import
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+_watch_parent = module._watch_parent
+host_fd = os.pidfd_open(os.getppid()) if sys.argv[1] == "pidfd" else None
+_watch_parent(host_fd)
+print("watching", flush=True)
+time.sleep(60)
+'''
+proc = subprocess.Popen([sys.executable, "-c", child, *sys.argv[1:]], stdout=subprocess.PIPE, text=True)
+assert proc.stdout.readline().strip() == "watching"
+print(proc.pid, flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("how", ["ppid", "pidfd"])
+def test_worker_leaves_when_its_host_is_killed(how):
+    """A worker whose host died without closing the gate (SIGKILL: no cleanup ran) exits by itself within about a
+    second: by polling its parent pid (a started worker) or on its host's pidfd (a worker forked by the zygote,
+    whose parent is the zygote)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    main = Path(__file__).resolve().parents[1] / "tilesmith" / "gate" / "worker" / "__main__.py"
+    host = subprocess.Popen([sys.executable, "-c", _ORPHAN, how, str(main)], stdout=subprocess.PIPE, text=True)
+    try:
+        worker = int(host.stdout.readline())
+        assert Path(f"/proc/{worker}").exists()
+        host.kill()
+        host.wait(10)
+
+        def gone() -> bool:
+            try:
+                state = Path(f"/proc/{worker}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                return True
+            return state in ("Z", "X")  # exited; reaped by whoever adopted it
+
+        deadline = time.monotonic() + 10
+        while not gone() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert gone(), f"the worker {worker} outlived its killed host by 10 s ({how})"
+    finally:
+        host.kill()
+        if "worker" in locals() and not gone():
+            os.kill(worker, signal.SIGKILL)

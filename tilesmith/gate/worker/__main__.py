@@ -61,17 +61,18 @@ def _watch_parent(host_fd: int | None = None) -> None:
 
     parent, sleep, getppid, leave, wait = os.getppid(), time.sleep, os.getppid, os._exit, select.select
 
-    def watch() -> None:
-        while True:
-            if host_fd is not None:
-                if wait([host_fd], [], [], 1.0)[0]:
-                    leave(0)
-                continue
-            sleep(1.0)
-            if getppid() != parent:
-                leave(0)
+    def watch_pidfd() -> None:
+        while not wait([host_fd], [], [], 1.0)[0]:
+            pass
+        leave(0)
 
-    threading.Thread(target=watch, name="tilesmith-parent-watch", daemon=True).start()
+    def watch_ppid() -> None:
+        while getppid() == parent:
+            sleep(1.0)
+        leave(0)
+
+    target = watch_ppid if host_fd is None else watch_pidfd
+    threading.Thread(target=target, name="tilesmith-parent-watch", daemon=True).start()
 
 
 def main() -> int:

@@ -9,8 +9,7 @@ constexpr int64_t kMaxGroup = int64_t(1) << 30;
 
 static GroupNormArgs make_args(const at::Tensor& x, const std::optional<at::Tensor>& weight,
                                const std::optional<at::Tensor>& bias, int64_t num_groups, double eps, bool silu,
-                               bool round_mid) {
-  TORCH_CHECK(x.is_cuda(), "group_norm: x must be a CUDA tensor");
+                               bool round_mid) {  // callers check x.is_cuda() before their device guard
   TORCH_CHECK(x.dim() >= 2, "group_norm: x must be [N, C, *spatial] (got sizes ", dims(x.sizes()), ")");
   TORCH_CHECK(x.is_contiguous(), "group_norm: x must be contiguous NCHW (sizes ", dims(x.sizes()), ", strides ",
               dims(x.strides()), "): each (n, g) group is read as one contiguous span; channels-last and other "
