@@ -142,3 +142,48 @@ def test_the_zygotes_death_falls_back_to_subprocess(gate, chain, tmp_path):
         assert "forked" not in fallback.wait_ready(300)
     finally:
         fallback.kill()
+
+
+_FAKE_LIBCUDA = r"""
+static int initialised = 0;
+int cuInit(unsigned int flags) { (void)flags; initialised = 1; return 0; }
+int cuCtxGetCurrent(void **context) { if (!initialised) return 3; *context = 0; return 0; }
+"""
+
+_PROBE = """
+import ctypes, importlib.util, sys
+spec = importlib.util.spec_from_file_location("zygote", sys.argv[1])  # the file alone: standard library only
+zygote = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(zygote)
+seen = [zygote.cuda_driver_initialised()]
+lib = ctypes.CDLL(sys.argv[2])
+seen.append(zygote.cuda_driver_initialised())
+seen.append(zygote._refusal())
+lib.cuInit(0)
+seen.append(zygote.cuda_driver_initialised())
+seen.append(zygote._refusal())
+print(repr(seen))
+"""
+
+
+def test_zygote_refuses_after_cuinit_not_after_loading_libcuda(tmp_path):
+    """``import torch`` maps ``libcuda`` on a GPU machine without initialising CUDA, and a fork is fine then; only
+    a ``cuInit`` in the zygote makes it refuse. Checked with a stand-in ``libcuda.so.1`` (its soname, its two
+    entry points' documented answers), so it runs without a GPU."""
+    import shutil
+    import sys
+
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    source = tmp_path / "fake_cuda.c"
+    source.write_text(_FAKE_LIBCUDA)
+    lib = tmp_path / "libcuda.so.1"
+    subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(lib), str(source)], check=True)
+    zygote = Path(__file__).resolve().parents[1] / "tilesmith" / "gate" / "worker" / "zygote.py"
+    out = subprocess.run([sys.executable, "-c", _PROBE, str(zygote), str(lib)], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    not_loaded, loaded, refusal_loaded, initialised, refusal_initialised = eval(out.stdout)  # noqa: S307 - our repr
+    assert (not_loaded, loaded, refusal_loaded) == (False, False, None)
+    assert initialised is True and "cuInit" in refusal_initialised

@@ -19,7 +19,7 @@ Reaping: a child is reaped only after the host said ``watch`` (until then it sta
 be reused before the host holds a pidfd for it. The zygote exits when the host does (pidfd of its parent) or
 closes the channel; a running child then goes on (it watches the host, not the zygote) and is reaped by init.
 
-Errors: a refused fork (more than one thread in the zygote, CUDA's driver loaded, ``fork`` failing) answers
+Errors: a refused fork (more than one thread in the zygote, CUDA's driver initialised, ``fork`` failing) answers
 ``error``; the host then starts that worker with ``subprocess`` instead.
 """
 
@@ -41,14 +41,34 @@ def _send(ctl: socket.socket, **message: object) -> None:
     ctl.send(json.dumps(message).encode())
 
 
-def cuda_driver_loaded() -> bool:
-    """Whether ``libcuda`` is mapped into this process (the driver may have been initialised: a forked child
-    could then not use CUDA, ``CUDA_ERROR_NOT_INITIALIZED``)."""
+#: ``CUDA_ERROR_NOT_INITIALIZED``: what every driver call but ``cuInit``/``cuDriverGetVersion`` answers before ``cuInit``.
+_CUDA_NOT_INITIALIZED = 3
+
+
+def cuda_driver_initialised() -> bool:
+    """Whether CUDA's driver was initialised (``cuInit``) in this process: a child forked after that could not use
+    CUDA (``CUDA_ERROR_NOT_INITIALIZED`` or worse), one forked before can.
+
+    Not whether ``libcuda`` is merely loaded: ``import torch`` loads it without initialising it (the initialiser of
+    the CUDA 13 wheels' ``libcublasLt.so.13`` opens ``libcuda.so.1``: ``LD_DEBUG=libs python -c "import torch"``,
+    torch 2.11.0+cu130), so on a GPU machine every zygote has it mapped. The probe looks the library up with
+    ``RTLD_NOLOAD`` (never loads it) and asks ``cuCtxGetCurrent``, which initialises nothing and answers
+    ``CUDA_ERROR_NOT_INITIALIZED`` until ``cuInit`` ran (CUDA Driver API, "Initialization"). A library without
+    that symbol counts as initialised (refuse rather than guess)."""
+    import ctypes
+
     try:
-        with open("/proc/self/maps", encoding="utf-8", errors="replace") as handle:
-            return any("libcuda.so" in line for line in handle)
+        lib = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
     except OSError:
-        return False
+        return False  # not loaded: nothing can have initialised it
+    try:
+        probe = lib.cuCtxGetCurrent
+    except AttributeError:
+        return True
+    probe.restype = ctypes.c_int
+    probe.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+    context = ctypes.c_void_p()
+    return probe(ctypes.byref(context)) != _CUDA_NOT_INITIALIZED
 
 
 def _refusal() -> str | None:
@@ -58,8 +78,8 @@ def _refusal() -> str | None:
         return f"the zygote has {threads} threads (a fork copies none of them, but maybe their locks)"
     if "torch" in sys.modules and sys.modules["torch"].cuda.is_initialized():
         return "CUDA is initialised in the zygote"
-    if cuda_driver_loaded():
-        return "libcuda is loaded in the zygote"
+    if cuda_driver_initialised():
+        return "CUDA's driver is initialised in the zygote (cuInit ran)"
     return None
 
 
