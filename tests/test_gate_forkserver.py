@@ -187,3 +187,32 @@ def test_zygote_refuses_after_cuinit_not_after_loading_libcuda(tmp_path):
     not_loaded, loaded, refusal_loaded, initialised, refusal_initialised = eval(out.stdout)  # noqa: S307 - our repr
     assert (not_loaded, loaded, refusal_loaded) == (False, False, None)
     assert initialised is True and "cuInit" in refusal_initialised
+
+
+def test_rebase_moves_module_paths_and_module_objects_paths(tmp_path):
+    """A forked worker's copies of paths computed at import under the zygote's folder (module globals, and
+    attributes of module-level objects such as Dynamo's cache object) point into the worker's folder; other values,
+    and paths that only share a prefix string, are left alone."""
+    import importlib.util
+    import sys
+    import types
+
+    spec = importlib.util.spec_from_file_location(
+        "zygote_file", Path(__file__).resolve().parents[1] / "tilesmith" / "gate" / "worker" / "zygote.py")
+    zygote = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(zygote)
+    old, new = str(tmp_path / "zyg"), str(tmp_path / "w1")
+    holder = types.SimpleNamespace(prefix=old + "/inductor/dynamo", other=3, near=old + "x/inductor")
+    module = types.ModuleType("tilesmith_rebase_probe")
+    module.HEADER = old + "/tmp/headers"
+    module.ROOT = Path(old)
+    module.SIBLING = old + "-other/tmp"
+    module.cache = holder
+    sys.modules[module.__name__] = module
+    try:
+        assert zygote._rebase_globals(old, new) == 3
+    finally:
+        del sys.modules[module.__name__]
+    assert module.HEADER == new + "/tmp/headers" and module.ROOT == Path(new)
+    assert module.SIBLING == old + "-other/tmp"
+    assert holder.prefix == new + "/inductor/dynamo" and holder.other == 3 and holder.near == old + "x/inductor"

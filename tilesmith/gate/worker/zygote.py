@@ -202,23 +202,46 @@ def _become_worker(ctl: socket.socket, request: dict, fds: list[int], keep: tupl
 
 
 def _rebase_globals(old: str, new: str) -> int:
-    """Point module-level paths computed at import under the zygote's folder into the worker's (same layout:
-    ``inductor``, ``triton``, ``tmp``), e.g. Inductor's ``codecache._HEADER_DIR`` (precompiled headers, from
-    ``TMPDIR`` at import). Without this a forked worker would write there: a cache shared by every forked worker,
-    which the audit hook also refuses to candidate code. Only ``str`` and ``pathlib`` globals of loaded modules;
-    returns how many were rebased."""
+    """Point paths computed at import under the zygote's folder into the worker's (same layout: ``inductor``,
+    ``triton``, ``tmp``), e.g. Inductor's ``codecache._HEADER_DIR`` (precompiled headers, from ``TMPDIR`` at import)
+    and Dynamo's ``package.DynamoCache._path_prefix`` (an attribute of a module-level object, from
+    ``TORCHINDUCTOR_CACHE_DIR``). Without this a forked worker would write there: a cache shared by every forked
+    worker, which the audit hook also refuses to candidate code. ``str`` and ``pathlib`` values only: the globals of
+    loaded modules and the instance attributes of their module-level objects (one level; classes and modules are
+    not entered). After a CUDA ``prewarm`` on torch 2.11, a search of every module's globals and their objects'
+    attributes for the zygote's folders found those three, ``site``'s user paths (from ``HOME``) and
+    ``tempfile.tempdir`` (reset by the caller). Returns how many were rebased."""
     from pathlib import PurePath
 
-    count = 0
     prefix = old.rstrip(os.sep) + os.sep
+
+    def rebase(namespace: dict) -> int:
+        count = 0
+        for name, value in list(namespace.items()):
+            kind = type(value)  # not isinstance: it reads __class__, which some objects hook (deprecation warnings)
+            path = issubclass(kind, PurePath)
+            text = str(value) if path else value
+            if (path or issubclass(kind, str)) and (text == old or text.startswith(prefix)):
+                rebased = new + text[len(old):]
+                namespace[name] = kind(rebased) if path else rebased
+                count += 1
+        return count
+
+    count = 0
+    seen: set[int] = set()
     for module in list(sys.modules.values()):
         namespace = getattr(module, "__dict__", None)
         if not isinstance(namespace, dict):
             continue
-        for name, value in list(namespace.items()):
-            text = str(value) if isinstance(value, PurePath) else value
-            if isinstance(text, str) and (text == old or text.startswith(prefix)):
-                rebased = new + text[len(old):]
-                namespace[name] = type(value)(rebased) if isinstance(value, PurePath) else rebased
-                count += 1
+        count += rebase(namespace)
+        for value in list(namespace.values()):
+            if issubclass(type(value), (type, type(sys))) or id(value) in seen:
+                continue
+            seen.add(id(value))
+            try:
+                attributes = object.__getattribute__(value, "__dict__")
+            except (AttributeError, TypeError):
+                continue
+            if isinstance(attributes, dict):
+                count += rebase(attributes)
     return count
