@@ -525,7 +525,9 @@ class Gate:
             lo, hi = t.speedup_vs_control_ci
             verdict = stats.classify(stats.PairedStats(t.speedup_vs_control, lo, hi, len(t.candidate_ms)),
                                      self.min_improvement, self.allowance)
-            return "marginal" if verdict == "pass" and not stats.guard_holds(t.speedup, self.allowance) else verdict
+            held = stats.guard_holds(t.speedup, self.allowance) and stats.control_holds(
+                t.baseline_ms, t.control_ms or (), self.allowance)
+            return "marginal" if verdict == "pass" and not held else verdict
         return stats.classify(stats.PairedStats(t.speedup, t.ci_low, t.ci_high, len(t.baseline_ms)),
                               self.min_improvement, self.allowance)
 
@@ -551,6 +553,11 @@ class Gate:
             text += (f"; the rule's comparison, over the same code timed in the candidate's own process, is "
                      f"{t.speedup_vs_control:.4f} (CI {lo:.4f}–{hi:.4f}), and a pass also needs the speedup over "
                      f"{baseline} in its own process ≥ {1.0 - self.allowance:g}")
+            if t.control_ms and not stats.control_holds(t.baseline_ms, t.control_ms, self.allowance):
+                ratio = stats.median([b / c for b, c in zip(t.baseline_ms, t.control_ms, strict=True)])
+                text += (f"; {baseline} ran {ratio:.4f}× as fast in the candidate's process as in its own (≥ "
+                         f"{1.0 - max(self.allowance, stats.CONTROL_TOLERANCE):g} needed): the candidate slows other "
+                         f"code in its process (process-wide state it changes, work it leaves running)")
         if kind == "slower":
             status, text = "rejected_slower", text + ". The candidate is slower."
         elif kind == "unconfirmed":

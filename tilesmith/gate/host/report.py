@@ -76,7 +76,7 @@ def environment(device: torch.device, worker_info: dict[str, Any] | None = None)
         env["device_name"] = platform.processor() or platform.machine()
         env["cpu_count"] = os.cpu_count()
     if worker_info:
-        env["worker"] = {k: worker_info.get(k) for k in ("torch", "triton", "python", "device_name")}
+        env["worker"] = {k: worker_info.get(k) for k in ("torch", "triton", "python", "device_name", "confinement")}
     return env
 
 

@@ -167,14 +167,19 @@ NATIVE_PATTERNS = [
      "installs signal handlers or signals threads"),
     (re.compile(r"\b(fork|vfork|execv|execvp|execve|execl|system|popen|posix_spawn)\s*\("), "static_concurrency",
      "starts a process"),
-    (re.compile(r"\b(fopen|freopen|std::[io]?fstream|open|creat|unlink|remove|rename)\s*\("), "static_file_access",
+    # Rationale (red team 17): the open variants and positioned I/O too (`openat` + `pwrite` on /proc/<pid>/mem).
+    # Best effort, like every pattern here: a kernel's own process boundary is the worker's confinement
+    # (tilesmith/gate/worker/confine.py), not this list.
+    (re.compile(r"\b(fopen|freopen|std::[io]?fstream|open|open64|openat|openat64|openat2|creat|unlink|remove|rename|"
+                r"pread|pread64|pwrite|pwrite64|pwritev2?)\s*\("), "static_file_access",
      "opens or changes files"),
     (re.compile(r"\b(socket|connect|getaddrinfo|gethostbyname)\s*\("), "static_network", "opens a socket"),
-    (re.compile(r"\b(dlopen|dlsym|mprotect|ptrace)\s*\("), "static_native_memory", "loads code or changes memory "
-     "protection"),
+    (re.compile(r"\b(dlopen|dlsym|mprotect|ptrace|process_vm_writev|process_vm_readv)\s*\("), "static_native_memory",
+     "loads code, changes memory protection or reaches another process's memory"),
     (re.compile(r"\bcudaStreamCreate\w*\s*\(|\bcudaDeviceSetLimit\s*\(|\bcudaCtxResetPersistingL2Cache\b|"
-                r"\bcudaStreamSetAttribute\s*\("), "static_global_state", "changes CUDA streams or device limits"),
-    (re.compile(r"\b(exit|_exit|abort|quick_exit|raise|kill)\s*\("), "static_process_control", "ends or signals "
+                r"\bcudaStreamSetAttribute\s*\(|\b(mkl_verbose|mkl_set_verbose|mkldnn_verbose|dnnl_set_verbose)\s*\("),
+     "static_global_state", "changes CUDA streams or device limits, or a library's verbose mode"),
+    (re.compile(r"\b(exit|_exit|abort|quick_exit|raise|kill|killpg)\s*\("), "static_process_control", "ends or signals "
      "the process"),
 ]
 

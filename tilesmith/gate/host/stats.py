@@ -146,6 +146,25 @@ def guard_holds(speedup_vs_baseline: float, allowance: float = 0.0) -> bool:
     return speedup_vs_baseline >= 1.0 - allowance
 
 
+CONTROL_TOLERANCE = 0.03
+"""How much slower (median per-pair ratio) the baseline's code may run in the candidate's process (the control arm)
+than in its own before the gate concludes the candidate slows other code in its process. Honest processes run it
+as fast or faster: per candidate process, median 1.004–1.019× on an H100 (docs/gate_calibration_h100_2026-12-07.json)
+and 1.010–1.024× on the H200 (docs/h200-runs.md, session 6). Red team 17 accepted a candidate 2 % slower than the
+original at a reported 1.8× over the control by turning MKL's verbose mode on as its call returned and off as the
+next began, so only the control paid (tests/test_gate_redteam17.py)."""
+
+
+def control_holds(baseline_ms: list[float] | tuple[float, ...], control_ms: list[float] | tuple[float, ...],
+                  allowance: float = 0.0) -> bool:
+    """The control arm is trustworthy: the baseline's code in the candidate's process is not slower than in its own
+    process beyond ``max(allowance, CONTROL_TOLERANCE)`` (median per-pair ratio ``baseline/control``). A candidate
+    that leans process-wide state (library modes without getters, work left running, caches it poisons) against
+    the control fails it, whatever the mechanism."""
+    ratios = [b / c for b, c in zip(baseline_ms, control_ms, strict=True) if c > 0]
+    return bool(ratios) and median(ratios) >= 1.0 - max(allowance, CONTROL_TOLERANCE)
+
+
 def decide_controlled(baseline_ms: list[float] | tuple[float, ...], control_ms: list[float] | tuple[float, ...],
                       candidate_ms: list[float] | tuple[float, ...], max_pairs: int, min_improvement: float,
                       seed: int = 0, allowance: float = 0.0) -> tuple[str, PairedStats]:
@@ -156,15 +175,16 @@ def decide_controlled(baseline_ms: list[float] | tuple[float, ...], control_ms: 
     incumbent's worker). The rule of :func:`decide` is applied to candidate vs control, where no factor of the
     process can lean the ratio (seen on the H200: the same wrapper timed 1.010–1.024× faster in each of four
     candidate processes than in the trusted worker, which let A/A candidates pass a 2 % bar); a pass then also
-    needs the candidate not slower than the baseline in its own process (median ratio ≥ ``1 - allowance``), so a
-    candidate that slows its own process's control gains nothing. Before the last look an in-process pass with a
+    needs the candidate not slower than the baseline in its own process (median ratio ≥ ``1 - allowance``) and the
+    control not slower than the baseline in its own process (:func:`control_holds`), so a candidate that slows its
+    own process's control gains at most :data:`CONTROL_TOLERANCE`. Before the last look an in-process pass with a
     failed guard continues sampling; at the last it is ``"marginal"``.
     """
     decision, st = decide(control_ms, candidate_ms, max_pairs, min_improvement, seed=seed, allowance=allowance)
     if decision != "pass":
         return decision, st
     guard = paired_speedup(baseline_ms, candidate_ms, seed=seed + 1, alpha=look_alpha(max_pairs))
-    if guard_holds(guard.speedup, allowance):
+    if guard_holds(guard.speedup, allowance) and control_holds(baseline_ms, control_ms, allowance):
         return "pass", st
     return ("marginal" if len(candidate_ms) >= max_pairs else "continue"), st
 

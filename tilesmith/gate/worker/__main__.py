@@ -84,6 +84,11 @@ def main() -> int:
         host_fd = zygote.serve(_device_type(sys.argv[1:]))
     proto_in, proto_out_fd = _secure_stdio()
     _limit_resources()
+    # Before any candidate code exists here: native code must not reach other processes (the host, the trusted
+    # worker, the zygote) through ptrace-checked access such as /proc/<pid>/mem (tilesmith.gate.worker.confine).
+    from tilesmith.gate.worker import confine
+
+    confinement = confine.confine()
     # The audit hook goes in before torch (and long before any candidate) is imported; it judges events
     # only once armed, right before the candidate's import (tilesmith.gate.worker.audit). A forked worker
     # installs it here too, after the zygote imported torch: never in the zygote, whose hook would stay bound to
@@ -102,7 +107,7 @@ def main() -> int:
     started = time.perf_counter()
     prewarm(device_type)
     worker.announce(prewarm={"device_type": device_type, "seconds": round(time.perf_counter() - started, 3)},
-                    **({"forked": True} if host_fd is not None else {}))
+                    confinement=confinement, **({"forked": True} if host_fd is not None else {}))
     for line in proto_in:  # type: ignore[attr-defined]
         if not line.strip():
             continue

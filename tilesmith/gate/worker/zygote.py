@@ -73,9 +73,18 @@ def cuda_driver_initialised() -> bool:
 
 def _refusal() -> str | None:
     """Why forking now would be unsafe, or ``None``."""
-    threads = len(os.listdir("/proc/self/task"))
-    if threads != 1:
-        return f"the zygote has {threads} threads (a fork copies none of them, but maybe their locks)"
+    tasks = os.listdir("/proc/self/task")
+    if len(tasks) != 1:
+        names: dict[str, int] = {}
+        for tid in tasks:
+            try:
+                with open(f"/proc/self/task/{tid}/comm", encoding="utf-8", errors="replace") as handle:
+                    name = handle.read().strip()
+            except OSError:
+                name = "?"
+            names[name] = names.get(name, 0) + 1
+        which = ", ".join(f"{n} ×{c}" if c > 1 else n for n, c in sorted(names.items()))
+        return f"the zygote has {len(tasks)} threads ({which}; a fork copies none of them, but maybe their locks)"
     if "torch" in sys.modules and sys.modules["torch"].cuda.is_initialized():
         return "CUDA is initialised in the zygote"
     if cuda_driver_initialised():
@@ -96,8 +105,10 @@ def serve(device_type: str) -> int:
     host_fd = os.pidfd_open(host)
     if os.getppid() != host:  # the host ended before the pidfd was opened: that pid may be another process
         os._exit(0)
+    from tilesmith.gate.worker.confine import protect_zygote
     from tilesmith.gate.worker.core import prewarm
 
+    protect_zygote()
     started = time.perf_counter()
     prewarm(device_type)
     _send(ctl, op="ready", pid=os.getpid(), seconds=round(time.perf_counter() - started, 3), refusal=_refusal())

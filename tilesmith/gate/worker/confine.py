@@ -1,0 +1,126 @@
+"""A worker's confinement against other processes: what native candidate code cannot do to the host, the trusted
+worker, other candidates or the fork server's zygote, whatever it spells.
+
+Why: native code (a C++ kernel built through Inductor's C++ path, ``load_inline``, a CUDA kernel) raises no audit
+events and passes any name-based scan with another spelling. Red team 17 (tests/test_gate_redteam17.py) had a
+candidate's C++ kernel open ``/proc/<ppid>/mem`` with ``openat`` and ``pwrite`` into the zygote, and every worker
+forked after it, the trusted reference worker included, inherited the change. The same access reaches any process
+of the same user that the kernel lets it trace: the user's process (its environment holds the provider keys), the
+trusted worker (which times the original), sibling candidates.
+
+How: at its start, before any candidate code exists in it, every worker enters a **Landlock** domain of its own
+(Linux ≥ 5.13 with Landlock enabled; unprivileged, after ``PR_SET_NO_NEW_PRIVS``). Landlock lets a process of a
+domain ptrace-access only processes in the same domain or one nested in it (kernel documentation, "Landlock:
+unprivileged access control", section "Ptrace restrictions"), and ``/proc/<pid>/mem``, ``/proc/<pid>/environ``,
+``process_vm_readv``/``writev`` and ``ptrace`` all go through that check. Each worker's domain is its own, and the
+host and the zygote are in none, so a candidate reaches none of them, even as root (the check is Landlock's, not a
+capability's). The ruleset handles one filesystem right, REFER (moving files between directories), and allows it
+beneath ``/``: files are as before. Children of the worker (compilers, ``ptxas``) inherit its domain.
+
+Without Landlock ABI ≥ 2 (kernels before 5.19, Landlock not in the kernel's LSM list) the worker makes itself non-dumpable
+(``PR_SET_DUMPABLE`` 0): other processes of the same user can then not trace it unless they hold
+``CAP_SYS_PTRACE`` (root does), and the fork server's zygote does the same (:func:`protect_zygote`). What that does
+not cover is said in docs/gate.md ("What native code can still do").
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+#: Landlock system call numbers: the same on x86-64 and arm64 (the generic table), Linux ≥ 5.13.
+_SYS_CREATE_RULESET, _SYS_ADD_RULE, _SYS_RESTRICT_SELF = 444, 445, 446
+_CREATE_RULESET_VERSION = 1 << 0
+_RULE_PATH_BENEATH = 1
+#: ``LANDLOCK_ACCESS_FS_REFER`` (ABI 2): moving or linking a file to another directory. A domain that handles any
+#: filesystem right refuses that everywhere (``EXDEV``) unless REFER is handled and allowed; Triton renames its
+#: built launcher out of a temporary sub-directory (seen on the H100: "Invalid cross-device link", every CUDA
+#: worker failed to start). So the ruleset handles REFER and allows it beneath ``/``: nothing is refused.
+_ACCESS_FS_REFER = 1 << 13
+_PR_SET_DUMPABLE, _PR_SET_NO_NEW_PRIVS = 4, 38
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [("handled_access_fs", ctypes.c_uint64)]
+
+
+class _PathBeneathAttr(ctypes.Structure):
+    _pack_ = 1  # __attribute__((packed)) in linux/landlock.h
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def _libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+def landlock_abi() -> int | None:
+    """The kernel's Landlock ABI version, or ``None`` when Landlock is missing or disabled (asks, changes nothing)."""
+    libc = _libc()
+    if libc is None or os.uname().sysname != "Linux":
+        return None
+    abi = libc.syscall(ctypes.c_long(_SYS_CREATE_RULESET), None, ctypes.c_size_t(0),
+                       ctypes.c_uint32(_CREATE_RULESET_VERSION))
+    return int(abi) if abi >= 1 else None
+
+
+def _set_dumpable(libc: ctypes.CDLL, value: int) -> bool:
+    return libc.prctl(ctypes.c_int(_PR_SET_DUMPABLE), ctypes.c_ulong(value), ctypes.c_ulong(0), ctypes.c_ulong(0),
+                      ctypes.c_ulong(0)) == 0
+
+
+def confine() -> str:
+    """Enter a new Landlock domain (else become non-dumpable). Returns what was done, for the worker's ``ready``
+    greeting and the gate's report: ``"landlock abi N"``, ``"non-dumpable (…)"`` or ``"none (…)"``. Never raises."""
+    libc = _libc()
+    if libc is None:
+        return "none (no C library through ctypes)"
+    abi = landlock_abi()
+    why = "Landlock is not available" if abi is None else f"Landlock ABI {abi} has no REFER right (needs ABI 2)"
+    if abi is not None and abi >= 2:
+        attr = _RulesetAttr(_ACCESS_FS_REFER)
+        if libc.prctl(ctypes.c_int(_PR_SET_NO_NEW_PRIVS), ctypes.c_ulong(1), ctypes.c_ulong(0), ctypes.c_ulong(0),
+                      ctypes.c_ulong(0)) != 0:
+            why = f"PR_SET_NO_NEW_PRIVS failed (errno {ctypes.get_errno()})"
+        else:
+            fd = libc.syscall(ctypes.c_long(_SYS_CREATE_RULESET), ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)),
+                              ctypes.c_uint32(0))
+            if fd < 0:
+                why = f"landlock_create_ruleset failed (errno {ctypes.get_errno()})"
+            else:
+                try:
+                    why = _allow_everywhere_and_restrict(libc, fd)
+                    if why is None:
+                        return f"landlock abi {abi}"
+                finally:
+                    os.close(fd)
+    if _set_dumpable(libc, 0):
+        return f"non-dumpable ({why})"
+    return f"none ({why}; PR_SET_DUMPABLE failed)"
+
+
+def _allow_everywhere_and_restrict(libc: ctypes.CDLL, ruleset_fd: int) -> str | None:
+    """Allow REFER beneath ``/`` in the ruleset, then enter it; ``None`` on success, else why not."""
+    root = os.open("/", os.O_PATH | os.O_CLOEXEC)
+    try:
+        rule = _PathBeneathAttr(_ACCESS_FS_REFER, root)
+        if libc.syscall(ctypes.c_long(_SYS_ADD_RULE), ctypes.c_int(ruleset_fd), ctypes.c_int(_RULE_PATH_BENEATH),
+                        ctypes.byref(rule), ctypes.c_uint32(0)) != 0:
+            return f"landlock_add_rule failed (errno {ctypes.get_errno()})"
+    finally:
+        os.close(root)
+    if libc.syscall(ctypes.c_long(_SYS_RESTRICT_SELF), ctypes.c_int(ruleset_fd), ctypes.c_uint32(0)) != 0:
+        return f"landlock_restrict_self failed (errno {ctypes.get_errno()})"
+    return None
+
+
+def protect_zygote() -> str:
+    """The fork server's zygote: with Landlock, nothing (each forked worker enters its own domain, which keeps it
+    away from the zygote; the zygote itself must stay outside any domain, or its children would share one and
+    could reach each other); without, non-dumpable like the workers."""
+    if landlock_abi() is not None:
+        return "none needed (workers enter their own Landlock domains)"
+    libc = _libc()
+    return "non-dumpable" if libc is not None and _set_dumpable(libc, 0) else "none"
