@@ -216,3 +216,21 @@ def test_rebase_moves_module_paths_and_module_objects_paths(tmp_path):
     assert module.HEADER == new + "/tmp/headers" and module.ROOT == Path(new)
     assert module.SIBLING == old + "-other/tmp"
     assert holder.prefix == new + "/inductor/dynamo" and holder.other == 3 and holder.near == old + "x/inductor"
+
+
+def test_a_cuda_zygote_starts_without_threads_where_torch_would_start_an_openmp_pool():
+    """``import torch`` without ``OMP_NUM_THREADS`` starts one OpenMP thread per core; the CUDA zygote (whose
+    workers' environment does not pin threads, unlike CPU test mode's) must still have one thread, or it refuses
+    every fork. Runs on the CPU: a CUDA zygote imports, it never touches a device. Needs ≥ 2 cores to mean
+    anything."""
+    from tilesmith.gate.host import forkserver
+
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one core: torch starts no OpenMP threads anyway")
+    environ = {k: v for k, v in os.environ.items() if k not in forkserver.ZYGOTE_THREAD_ENV}
+    environ.pop("OMP_THREAD_LIMIT", None)
+    try:
+        assert forkserver.prepare("cuda", environ=environ, timeout_s=600), forkserver._servers["cuda"].info
+        assert forkserver._servers["cuda"].info.get("refusal") is None
+    finally:
+        forkserver.shutdown()

@@ -58,6 +58,14 @@ class ForkError(Exception):
     """The zygote refused a fork, died or did not answer."""
 
 
+#: Set in the zygote's own environment only (never a forked worker's, which gets exactly its own): ``import torch``
+#: starts the OpenMP pool (one thread per core) unless told otherwise, and a zygote with threads must not fork
+#: (GNU OpenMP is not fork-safe). On the H100 machine the CUDA zygote had 17 threads and refused every fork
+#: (2026-12-07); CPU test-mode workers already run with these. A forked worker gets the host's thread count from
+#: ``init`` (``torch.set_num_threads``, the host's numeric flags), as a started one does.
+ZYGOTE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+
+
 class ForkServer:
     """One zygote process and its control socket. Thread-safe (one lock around the socket)."""
 
@@ -79,7 +87,8 @@ class ForkServer:
             self.proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
                 [sys.executable, "-P", "-m", "tilesmith.gate.worker", f"--device-type={device_type}", "--zygote"],
                 stdin=theirs.fileno(), stdout=subprocess.DEVNULL, stderr=log_file, cwd=self.dir,
-                env={**self.base_env, **private_environment(self.dir)}, start_new_session=True, close_fds=True)
+                env={**self.base_env, **ZYGOTE_THREAD_ENV, **private_environment(self.dir)}, start_new_session=True,
+                close_fds=True)
         theirs.close()
 
     # -- channel ---------------------------------------------------------------------------------------------
