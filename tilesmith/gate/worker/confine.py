@@ -40,8 +40,15 @@ _ACCESS_FS_REFER = 1 << 13
 _PR_SET_DUMPABLE, _PR_SET_NO_NEW_PRIVS = 4, 38
 
 
+#: ``LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET`` and ``LANDLOCK_SCOPE_SIGNAL`` (ABI 6): no connecting to abstract Unix
+#: sockets of, and no signals to, processes outside the domain. Red team 17b: a candidate's C++ kernel sent
+#: ``kill(getppid(), SIGUSR1)`` to the host (the user's process).
+_SCOPE_ABSTRACT_UNIX_SOCKET, _SCOPE_SIGNAL = 1 << 0, 1 << 1
+
+
 class _RulesetAttr(ctypes.Structure):
-    _fields_ = [("handled_access_fs", ctypes.c_uint64)]
+    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64)]
 
 
 class _PathBeneathAttr(ctypes.Structure):
@@ -80,12 +87,14 @@ def confine() -> str:
     abi = landlock_abi()
     why = "Landlock is not available" if abi is None else f"Landlock ABI {abi} has no REFER right (needs ABI 2)"
     if abi is not None and abi >= 2:
-        attr = _RulesetAttr(_ACCESS_FS_REFER)
+        scoped = _SCOPE_ABSTRACT_UNIX_SOCKET | _SCOPE_SIGNAL if abi >= 6 else 0
+        attr = _RulesetAttr(_ACCESS_FS_REFER, 0, scoped)
+        size = ctypes.sizeof(attr) if abi >= 6 else 8  # older kernels take only the fields they know
         if libc.prctl(ctypes.c_int(_PR_SET_NO_NEW_PRIVS), ctypes.c_ulong(1), ctypes.c_ulong(0), ctypes.c_ulong(0),
                       ctypes.c_ulong(0)) != 0:
             why = f"PR_SET_NO_NEW_PRIVS failed (errno {ctypes.get_errno()})"
         else:
-            fd = libc.syscall(ctypes.c_long(_SYS_CREATE_RULESET), ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)),
+            fd = libc.syscall(ctypes.c_long(_SYS_CREATE_RULESET), ctypes.byref(attr), ctypes.c_size_t(size),
                               ctypes.c_uint32(0))
             if fd < 0:
                 why = f"landlock_create_ruleset failed (errno {ctypes.get_errno()})"
@@ -93,7 +102,7 @@ def confine() -> str:
                 try:
                     why = _allow_everywhere_and_restrict(libc, fd)
                     if why is None:
-                        return f"landlock abi {abi}"
+                        return f"landlock abi {abi}" + (" (signals scoped)" if scoped else "") + _no_new_session(libc)
                 finally:
                     os.close(fd)
     if _set_dumpable(libc, 0):
@@ -114,6 +123,52 @@ def _allow_everywhere_and_restrict(libc: ctypes.CDLL, ruleset_fd: int) -> str | 
     if libc.syscall(ctypes.c_long(_SYS_RESTRICT_SELF), ctypes.c_int(ruleset_fd), ctypes.c_uint32(0)) != 0:
         return f"landlock_restrict_self failed (errno {ctypes.get_errno()})"
     return None
+
+
+# -- seccomp: no new session or process group ------------------------------------------------------------------
+#: (audit arch, setsid, setpgid) of the native ABI; other machines get no filter.
+_SECCOMP_ABI = {"x86_64": (0xC000003E, 112, 109), "aarch64": (0xC00000B7, 157, 154)}
+_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
+_RET_ALLOW, _RET_EPERM = 0x7FFF0000, 0x00050000 | 1
+_X32_SYSCALL_BIT = 0x40000000
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def _no_new_session(libc: ctypes.CDLL) -> str:
+    """A seccomp filter answering ``setsid`` and ``setpgid`` with ``EPERM`` (and every system call of a foreign ABI,
+    x32 or 32-bit, through which those could be spelled), so that nothing the worker starts leaves its session and
+    process group: the host's count of the session's processes, the group's SIGSTOP while the original is timed
+    and the group's SIGKILL at the end all reach it. Red team 17b: a candidate's C++ kernel forked a helper that
+    called ``setsid`` and did the wrapper's work while the worker slept (CPU test mode times the worker's CPU time;
+    accepted), and another outlived the gate. The worker itself got its session from the host (``subprocess``'s
+    ``start_new_session``) or the zygote child's ``setsid`` before this. Returns a suffix for :func:`confine`."""
+    abi = _SECCOMP_ABI.get(os.uname().machine)
+    if abi is None:
+        return ", no seccomp filter on this machine type"
+    arch, setsid, setpgid = abi
+    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
+    program = [(ld, 0, 0, 4),                  # 0: seccomp_data.arch
+               (jeq, 1, 0, arch),              # 1: native ABI → 3
+               (ret, 0, 0, _RET_EPERM),        # 2: foreign ABI: refused
+               (ld, 0, 0, 0),                  # 3: seccomp_data.nr
+               (jge, 3, 0, _X32_SYSCALL_BIT),  # 4: x32 numbers → 8
+               (jeq, 2, 0, setsid),            # 5: → 8
+               (jeq, 1, 0, setpgid),           # 6: → 8
+               (ret, 0, 0, _RET_ALLOW),        # 7
+               (ret, 0, 0, _RET_EPERM)]        # 8
+    filters = (_SockFilter * len(program))(*[_SockFilter(*op) for op in program])
+    prog = _SockFprog(len(program), filters)
+    if libc.prctl(ctypes.c_int(_PR_SET_SECCOMP), ctypes.c_ulong(_SECCOMP_MODE_FILTER), ctypes.byref(prog),
+                  ctypes.c_ulong(0), ctypes.c_ulong(0)) != 0:
+        return f", seccomp filter refused (errno {ctypes.get_errno()})"
+    return ", no new sessions (seccomp)"
 
 
 def protect_zygote() -> str:

