@@ -17,6 +17,10 @@ host and the zygote are in none, so a candidate reaches none of them, even as ro
 capability's). The ruleset handles one filesystem right, REFER (moving files between directories), and allows it
 beneath ``/``: files are as before. Children of the worker (compilers, ``ptxas``) inherit its domain.
 
+Where the kernel has Landlock ABI ≥ 6 the domain is also scoped: no signals to, and no connections to abstract Unix
+sockets of, processes outside it. And a seccomp filter refuses ``setsid``/``setpgid`` (:func:`_no_new_session`), so
+every process the worker starts stays in its session and process group, where the host counts, stops and kills.
+
 Without Landlock ABI ≥ 2 (kernels before 5.19, Landlock not in the kernel's LSM list) the worker makes itself non-dumpable
 (``PR_SET_DUMPABLE`` 0): other processes of the same user can then not trace it unless they hold
 ``CAP_SYS_PTRACE`` (root does), and the fork server's zygote does the same (:func:`protect_zygote`). What that does
