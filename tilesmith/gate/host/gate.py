@@ -554,7 +554,7 @@ class Gate:
                      f"{t.speedup_vs_control:.4f} (CI {lo:.4f}–{hi:.4f}), and a pass also needs the speedup over "
                      f"{baseline} in its own process ≥ {1.0 - self.allowance:g}")
             if t.control_ms and not stats.control_holds(t.baseline_ms, t.control_ms, self.allowance):
-                ratio = stats.median([b / c for b, c in zip(t.baseline_ms, t.control_ms, strict=True)])
+                ratio = stats.control_ratio(t.baseline_ms, t.control_ms)
                 text += (f"; {baseline} ran {ratio:.4f}× as fast in the candidate's process as in its own (≥ "
                          f"{1.0 - max(self.allowance, stats.CONTROL_TOLERANCE):g} needed): the candidate slows other "
                          f"code in its process (process-wide state it changes, work it leaves running)")

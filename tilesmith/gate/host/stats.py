@@ -161,8 +161,13 @@ def control_holds(baseline_ms: list[float] | tuple[float, ...], control_ms: list
     process beyond ``max(allowance, CONTROL_TOLERANCE)`` (median per-pair ratio ``baseline/control``). A candidate
     that leans process-wide state (library modes without getters, work left running, caches it poisons) against
     the control fails it, whatever the mechanism."""
-    ratios = [b / c for b, c in zip(baseline_ms, control_ms, strict=True) if c > 0]
-    return bool(ratios) and median(ratios) >= 1.0 - max(allowance, CONTROL_TOLERANCE)
+    return control_ratio(baseline_ms, control_ms) >= 1.0 - max(allowance, CONTROL_TOLERANCE)
+
+
+def control_ratio(baseline_ms: list[float] | tuple[float, ...], control_ms: list[float] | tuple[float, ...]) -> float:
+    """Median per-pair ratio ``baseline/control`` (> 1: the baseline's code ran faster in the candidate's process
+    than in its own); NaN without a positive control sample."""
+    return median([b / c for b, c in zip(baseline_ms, control_ms, strict=True) if c > 0])
 
 
 def decide_controlled(baseline_ms: list[float] | tuple[float, ...], control_ms: list[float] | tuple[float, ...],

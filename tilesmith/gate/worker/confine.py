@@ -77,9 +77,14 @@ def landlock_abi() -> int | None:
     return int(abi) if abi >= 1 else None
 
 
+def _prctl(libc: ctypes.CDLL, option: int, value: int, pointer: object = None) -> bool:
+    """``prctl(option, value, pointer or 0, 0, 0) == 0`` (``pointer``: a ctypes ``byref``)."""
+    third = ctypes.c_ulong(0) if pointer is None else pointer
+    return libc.prctl(ctypes.c_int(option), ctypes.c_ulong(value), third, ctypes.c_ulong(0), ctypes.c_ulong(0)) == 0
+
+
 def _set_dumpable(libc: ctypes.CDLL, value: int) -> bool:
-    return libc.prctl(ctypes.c_int(_PR_SET_DUMPABLE), ctypes.c_ulong(value), ctypes.c_ulong(0), ctypes.c_ulong(0),
-                      ctypes.c_ulong(0)) == 0
+    return _prctl(libc, _PR_SET_DUMPABLE, value)
 
 
 def confine() -> str:
@@ -94,8 +99,7 @@ def confine() -> str:
         scoped = _SCOPE_ABSTRACT_UNIX_SOCKET | _SCOPE_SIGNAL if abi >= 6 else 0
         attr = _RulesetAttr(_ACCESS_FS_REFER, 0, scoped)
         size = ctypes.sizeof(attr) if abi >= 6 else 8  # older kernels take only the fields they know
-        if libc.prctl(ctypes.c_int(_PR_SET_NO_NEW_PRIVS), ctypes.c_ulong(1), ctypes.c_ulong(0), ctypes.c_ulong(0),
-                      ctypes.c_ulong(0)) != 0:
+        if not _prctl(libc, _PR_SET_NO_NEW_PRIVS, 1):
             why = f"PR_SET_NO_NEW_PRIVS failed (errno {ctypes.get_errno()})"
         else:
             fd = libc.syscall(ctypes.c_long(_SYS_CREATE_RULESET), ctypes.byref(attr), ctypes.c_size_t(size),
@@ -169,8 +173,7 @@ def _no_new_session(libc: ctypes.CDLL) -> str:
                (ret, 0, 0, _RET_EPERM)]        # 8
     filters = (_SockFilter * len(program))(*[_SockFilter(*op) for op in program])
     prog = _SockFprog(len(program), filters)
-    if libc.prctl(ctypes.c_int(_PR_SET_SECCOMP), ctypes.c_ulong(_SECCOMP_MODE_FILTER), ctypes.byref(prog),
-                  ctypes.c_ulong(0), ctypes.c_ulong(0)) != 0:
+    if not _prctl(libc, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(prog)):
         return f", seccomp filter refused (errno {ctypes.get_errno()})"
     return ", no new sessions (seccomp)"
 
