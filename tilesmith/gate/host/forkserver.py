@@ -65,6 +65,13 @@ class ForkError(Exception):
 #: ``init`` (``torch.set_num_threads``, the host's numeric flags), as a started one does.
 ZYGOTE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 
+#: Also the CUDA zygote's only: ``torch.cuda.is_available()`` (called while Inductor's modules are imported) asks
+#: ``cudaGetDeviceCount``, which runs ``cuInit`` and starts the driver's thread, after which no child can use CUDA;
+#: with this set it asks NVML instead (``torch.cuda.is_available``'s docstring, torch 2.11). On the H100 machine the
+#: CUDA zygote without it had two threads (``python3`` and the driver's ``cuda00001c00008``) and refused every fork
+#: (2026-12-07, bench/worker_start.py).
+ZYGOTE_CUDA_ENV = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
+
 
 class ForkServer:
     """One zygote process and its control socket. Thread-safe (one lock around the socket)."""
@@ -87,7 +94,8 @@ class ForkServer:
             self.proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
                 [sys.executable, "-P", "-m", "tilesmith.gate.worker", f"--device-type={device_type}", "--zygote"],
                 stdin=theirs.fileno(), stdout=subprocess.DEVNULL, stderr=log_file, cwd=self.dir,
-                env={**self.base_env, **ZYGOTE_THREAD_ENV, **private_environment(self.dir)}, start_new_session=True,
+                env={**self.base_env, **ZYGOTE_THREAD_ENV, **(ZYGOTE_CUDA_ENV if device_type == "cuda" else {}),
+                     **private_environment(self.dir)}, start_new_session=True,
                 close_fds=True)
         theirs.close()
 
