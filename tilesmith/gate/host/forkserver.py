@@ -65,11 +65,11 @@ class ForkError(Exception):
 #: ``init`` (``torch.set_num_threads``, the host's numeric flags), as a started one does.
 ZYGOTE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 
-#: Also the CUDA zygote's only: ``torch.cuda.is_available()`` (called while Inductor's modules are imported) asks
-#: ``cudaGetDeviceCount``, which runs ``cuInit`` and starts the driver's thread, after which no child can use CUDA;
-#: with this set it asks NVML instead (``torch.cuda.is_available``'s docstring, torch 2.11). On the H100 machine the
-#: CUDA zygote without it had two threads (``python3`` and the driver's ``cuda00001c00008``) and refused every fork
-#: (2026-12-07, bench/worker_start.py).
+#: Also the CUDA zygote's only: ``torch.cuda.is_available()`` asks ``cudaGetDeviceCount``, which runs ``cuInit``
+#: and starts the driver's thread, after which no forked child can use CUDA; with this set it asks NVML instead
+#: (``torch.cuda.is_available``'s docstring, torch 2.11). On the H100 machine the CUDA zygote had two threads
+#: (``python3`` and the driver's ``cuda00001c00008``) after its imports and refused every fork (2026-12-07,
+#: bench/worker_start.py); which import asks is what scripts/probes/zygote_cuinit.py prints (not yet run on a GPU).
 ZYGOTE_CUDA_ENV = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
 
 
