@@ -232,5 +232,8 @@ def test_a_cuda_zygote_starts_without_threads_where_torch_would_start_an_openmp_
     try:
         assert forkserver.prepare("cuda", environ=environ, timeout_s=600), forkserver._servers["cuda"].info
         assert forkserver._servers["cuda"].info.get("refusal") is None
+        # ... and asks NVML, not cuInit, whether CUDA is there (on a GPU machine cuInit's thread refuses every fork)
+        environ_of_zygote = Path(f"/proc/{forkserver._servers['cuda'].proc.pid}/environ").read_bytes().split(b"\0")
+        assert b"PYTORCH_NVML_BASED_CUDA_CHECK=1" in environ_of_zygote
     finally:
         forkserver.shutdown()
