@@ -49,13 +49,14 @@ ANYWHERE_INTROSPECTION = frozenset({
 FRAME_ATTRS = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame", "__code__", "f_back", "f_locals",
                          "f_globals"})
 IMPORT_CODE_EVENTS = frozenset({"compile", "exec", "marshal.loads", "marshal.load"})
-MUTATING = {"os.remove": (0,), "os.rmdir": (0,), "os.rename": (0, 1), "os.link": (0, 1), "os.symlink": (1,),
+MUTATING = {"os.remove": (0,), "os.rmdir": (0,), "os.rename": (0, 1), "os.link": (0, 1), "os.symlink": (0, 1),
             "os.truncate": (0,), "os.chmod": (0,), "os.chown": (0,), "os.utime": (0,), "os.mkdir": (0,),
             "os.chflags": (0,), "os.lchflags": (0,), "os.setxattr": (0,), "os.removexattr": (0,),
             "shutil.rmtree": (0,), "shutil.copyfile": (1,), "shutil.copymode": (1,), "shutil.copystat": (1,),
             "shutil.copytree": (1,), "shutil.move": (0, 1), "shutil.chown": (0,), "shutil.make_archive": (0,),
             "shutil.unpack_archive": (1,)}
-"""Event → indexes of its path arguments that must stay writable."""
+"""Event → indexes of its path arguments that must stay writable. A symbolic link's target too (red team 18: a
+link in the private folder to a file outside it turned a later write through that name into a write outside)."""
 LISTING = {"os.listdir": 0, "os.scandir": 0, "glob.glob": 0, "glob.glob/2": 0}
 DIRECT_PROCESS = frozenset({"subprocess.Popen", "os.exec", "os.spawn", "os.posix_spawn", "os.putenv", "os.unsetenv",
                             "os.startfile", "pty.spawn"})

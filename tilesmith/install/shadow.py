@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from tilesmith.gate.layout import plain_sequence
 from tilesmith.track.snapshot import copy_input
 
 PERTURB_ULPS = 4
@@ -21,11 +22,12 @@ def is_oom(exc: BaseException) -> bool:
 
 def output_facts(outputs: Any, inputs: list[Any]) -> list[dict[str, Any]]:
     """Layout and aliasing of each output, in the form :func:`tilesmith.gate.host.compare.compare_structure` reads."""
-    if not isinstance(outputs, (tuple, list)):
+    items = plain_sequence(outputs)
+    if items is None:
         return [{"kind": "not_a_sequence", "type": type(outputs).__qualname__}]
     facts: list[dict[str, Any]] = []
     ptrs: list[int | None] = []
-    for out in outputs:
+    for out in items:
         if out is None:
             facts.append({"kind": "none"})
             ptrs.append(None)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from tilesmith.secrets import is_secret_name, secret_values
+from tilesmith.secrets import is_secret, secret_values
 
 _TOOL_ENV_EXACT = frozenset({
     "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TEMP", "TMP", "SHELL",
@@ -45,7 +45,7 @@ def tool_env(environ: Mapping[str, str], extra: Mapping[str, str] | None = None)
     merged = {**environ, **(extra or {})}
     for name, value in merged.items():
         allowed = name in _TOOL_ENV_EXACT or name.startswith(_TOOL_ENV_PREFIXES)
-        if not allowed or is_secret_name(name):
+        if not allowed or is_secret(name, value):
             continue
         if any(s in value for s in secrets):
             continue

@@ -31,7 +31,7 @@ from tilesmith import settings
 from tilesmith.errors import WorkerError
 from tilesmith.gate import protocol
 from tilesmith.gate.host.caches import PRIVATE_CACHE_DIRS, copy_cache_template, private_folder, seed_private_cache
-from tilesmith.secrets import is_secret_name, redact, secret_values
+from tilesmith.secrets import is_secret, redact, secret_values
 
 
 class WorkerCrashed(WorkerError):
@@ -75,8 +75,8 @@ CPU_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_
 def worker_environment(environ: dict[str, str] | None = None, device_type: str = "cuda") -> dict[str, str]:
     """The environment a worker starts with: the host's, minus every secret and every TILESMITH_* setting.
 
-    Removed: every variable :func:`tilesmith.secrets.is_secret_name` marks (provider keys, credential-like
-    names), secret settings, any variable whose value contains a secret value, and all
+    Removed: every variable :func:`tilesmith.secrets.is_secret` marks (provider keys, credential-like
+    names, URLs with a password), secret settings, any variable whose value contains a secret value, and all
     ``TILESMITH_*`` variables (the worker gets its configuration in protocol messages). Added: the
     directory that holds the ``tilesmith`` package at the front of ``PYTHONPATH``; ``TILESMITH_KERNEL_DIR``
     set to the resolved native kernel directory (the one ``TILESMITH_*`` variable a worker gets: candidates
@@ -92,7 +92,7 @@ def worker_environment(environ: dict[str, str] | None = None, device_type: str =
     clean: dict[str, str] = {}
     for name, value in env.items():
         upper = name.upper()
-        if is_secret_name(name) or name in secret_settings or upper.startswith("TILESMITH_"):
+        if is_secret(name, value) or name in secret_settings or upper.startswith("TILESMITH_"):
             continue
         if any(s in value for s in secrets):
             continue

@@ -141,24 +141,53 @@ _FILE_OVERHEAD, _PER_TENSOR_OVERHEAD = 64 * 1024, 4 * 1024
 
 
 def load_checked(path: Path, expected_bytes: int, tensors: int = 64) -> Any:
-    """``torch.load(weights_only=True)`` of a worker-written file after checking its size.
+    """``torch.load(weights_only=True)`` of a worker-written file after checking what it is and what it holds.
+
+    The file is opened without following a link and without blocking (``O_NOFOLLOW | O_NONBLOCK``) and must be a
+    regular file (red team 18: a candidate made the name a link to the host's standard input, a FIFO would block the
+    user's process); its size, taken from that descriptor, is checked before a byte is read; and its zip directory
+    must list only *stored* records whose sizes add up to no more than that limit (``torch.save`` writes them stored;
+    a deflated record would inflate past the size check: 33 KiB became 32 MiB). The load reads the same descriptor.
 
     Raises:
-        WorkerError: the file is missing; :class:`OutputTooLarge` when it is larger than
-            ``expected_bytes`` plus container overhead (checked before reading a byte of it).
+        WorkerError: the file is missing, a link or not a regular file, or not a plain tensor file;
+            :class:`OutputTooLarge` when it, or what it would inflate to, is larger than ``expected_bytes`` plus
+            container overhead.
     """
-    try:
-        size = Path(path).stat().st_size
-    except OSError as exc:
-        raise WorkerError(f"worker output file {path} is missing ({exc.strerror})") from None
+    import stat
+    import zipfile
+
     limit = expected_bytes + _FILE_OVERHEAD + _PER_TENSOR_OVERHEAD * tensors
-    if size > limit:
-        raise OutputTooLarge(f"worker output file holds {size} bytes; the original's outputs need at most "
-                             f"{limit} bytes with container overhead", size, limit)
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        return torch.load(path, weights_only=True, map_location="cpu")
-    except Exception as exc:  # noqa: BLE001 - anything unreadable is the worker's fault
-        raise WorkerError(f"worker output file {path} is not a plain tensor file: {type(exc).__name__}") from None
+        fd = os.open(path, flags)
+    except OSError as exc:
+        raise WorkerError(f"worker output file {path} is missing or a link ({exc.strerror})") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise WorkerError(f"worker output file {path} is not a regular file")
+        if info.st_size > limit:
+            raise OutputTooLarge(f"worker output file holds {info.st_size} bytes; the original's outputs need at most "
+                                 f"{limit} bytes with container overhead", info.st_size, limit)
+        with os.fdopen(os.dup(fd), "rb") as handle:
+            try:
+                records = zipfile.ZipFile(handle).infolist()
+            except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+                raise WorkerError(f"worker output file {path} is not a plain tensor file: {type(exc).__name__}") from None
+        if any(r.compress_type != zipfile.ZIP_STORED for r in records):
+            raise WorkerError(f"worker output file {path} has compressed records (torch.save writes them stored)")
+        inflated = sum(int(r.file_size) for r in records)
+        if inflated > limit:
+            raise OutputTooLarge(f"worker output file would load {inflated} bytes; the original's outputs need at "
+                                 f"most {limit} bytes with container overhead", inflated, limit)
+        source: Any = f"/proc/self/fd/{fd}" if os.path.exists(f"/proc/self/fd/{fd}") else path
+        try:
+            return torch.load(source, weights_only=True, map_location="cpu")
+        except Exception as exc:  # noqa: BLE001 - anything unreadable is the worker's fault
+            raise WorkerError(f"worker output file {path} is not a plain tensor file: {type(exc).__name__}") from None
+    finally:
+        os.close(fd)
 
 
 def load_outputs(path: Path, expected_bytes: int, tensors: int = 64) -> dict[str, Any]:

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from tilesmith.gate.layout import plain_sequence
+
 T = SimpleNamespace(
     perf_ns=time.perf_counter_ns,
     cpu_ns=functools.partial(time.clock_gettime_ns, time.CLOCK_PROCESS_CPUTIME_ID),
@@ -35,7 +37,36 @@ T = SimpleNamespace(
     manual_seed=torch.manual_seed,
     no_grad=torch.no_grad,
     mem_get_info=torch.cuda.mem_get_info,
+    open=os.open,
+    close=os.close,
 )
+
+
+#: A new file or nothing: never through a link, never an existing file (the ``O_`` flags are Linux's and macOS's).
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def save_new(obj: Any, path: str) -> None:
+    """``torch.save(obj)`` into a file this call creates at ``path`` (mode 0600).
+
+    The host names the worker's output files in its private folder, where candidate code may create files: red
+    team 18's candidate made ``spots_<pid>.pt`` a symbolic link to a file outside the folder, and the worker's own
+    save followed it and overwrote that file. Here the file is created with ``O_CREAT | O_EXCL | O_NOFOLLOW``, so
+    anything already at ``path`` (a link, a file, a FIFO) makes the save fail, and the save writes through the
+    descriptor (``/proc/self/fd/N``: torch's own file writer, no path lookup a thread could race).
+
+    Raises:
+        OSError: ``path`` exists (``FileExistsError``) or cannot be created."""
+    fd = T.open(path, _NEW_FILE, 0o600)
+    try:
+        via_fd = f"/proc/self/fd/{fd}"
+        if os.path.exists(via_fd):
+            T.save(obj, via_fd)
+        else:  # no /proc: the file object (Python-level writes)
+            with os.fdopen(os.dup(fd), "wb") as handle:
+                T.save(obj, handle)
+    finally:
+        T.close(fd)
 
 
 #: Device tensors of at least this many bytes are copied to the host through page-locked memory.
@@ -78,8 +109,10 @@ def fast_saves() -> None:
 
 def against_expected(outs: Any, expected: list[dict[str, Any]]) -> str | None:
     """Why ``outs`` cannot be the original's outputs (count, types, shapes, dtypes), or ``None``."""
-    if not isinstance(outs, (list, tuple)):
-        return f"the wrapper returned {type(outs).__name__}, not a tuple"
+    items = plain_sequence(outs)
+    if items is None:
+        return f"the wrapper returned {type(outs).__module__}.{type(outs).__qualname__}, not a tuple or list"
+    outs = items
     if len(outs) != len(expected):
         return f"{len(outs)} outputs, expected {len(expected)}"
     for i, (o, e) in enumerate(zip(outs, expected)):

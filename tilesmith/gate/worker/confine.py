@@ -186,3 +186,49 @@ def protect_zygote() -> str:
         return "none needed (workers enter their own Landlock domains)"
     libc = _libc()
     return "non-dumpable" if libc is not None and _set_dumpable(libc, 0) else "none"
+
+
+# -- seccomp: no new processes while a candidate is timed ----------------------------------------------------------
+#: (audit arch, fork, vfork, clone, clone3) of the native ABI (arm64 has no fork/vfork calls: numbers no call has).
+_PROCESS_CALLS = {"x86_64": (0xC000003E, 57, 58, 56, 435), "aarch64": (0xC00000B7, 0xFFFFFFFF, 0xFFFFFFFE, 220, 435)}
+_CLONE_THREAD = 0x00010000
+_RET_ENOSYS = 0x00050000 | 38
+
+
+def no_new_processes() -> str:
+    """A seccomp filter, for the rest of this process's life, that refuses every way to start a process (``fork``,
+    ``vfork``, ``clone`` without ``CLONE_THREAD``) with ``EPERM``, and answers ``clone3`` (whose flags a filter
+    cannot read) with ``ENOSYS``, so that the C library falls back to ``clone`` for threads. Threads stay possible
+    (the gate counts them from ``/proc``). Installed by a candidate worker after its timing warm-up
+    (:mod:`.timing`): no legitimate wrapper starts a process per call, and compilers have run by then.
+
+    Why: red team 18: a candidate's C++ kernel ``vfork``-ed a child on every call that computed the outputs in the
+    shared memory and exited before the call returned, so the gate's process count never saw it, and CPU test mode's
+    clock (the worker's own CPU time) did not include it: accepted at 5.16×. A process started while timed is work
+    the clock may not see, whatever the device. Returns what was done, for the timing answer. Never raises."""
+    calls = _PROCESS_CALLS.get(os.uname().machine)
+    libc = _libc()
+    if calls is None or libc is None:
+        return "not refused (no seccomp filter on this machine type)"
+    arch, fork, vfork, clone, clone3 = calls
+    ld, jeq, jset, ret = 0x20, 0x15, 0x45, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JSET|K, BPF_RET|K
+    program = [(ld, 0, 0, 4),                  # 0: seccomp_data.arch
+               (jeq, 1, 0, arch),              # 1: native ABI → 3
+               (ret, 0, 0, _RET_EPERM),        # 2: foreign ABI (refused already by the session filter)
+               (ld, 0, 0, 0),                  # 3: seccomp_data.nr
+               (jeq, 6, 0, clone3),            # 4: → 11
+               (jeq, 6, 0, fork),              # 5: → 12
+               (jeq, 5, 0, vfork),             # 6: → 12
+               (jeq, 1, 0, clone),             # 7: → 9
+               (ret, 0, 0, _RET_ALLOW),        # 8
+               (ld, 0, 0, 16),                 # 9: low word of args[0] (clone's flags)
+               (jset, 2, 1, _CLONE_THREAD),    # 10: a thread → 13, else → 12
+               (ret, 0, 0, _RET_ENOSYS),       # 11
+               (ret, 0, 0, _RET_EPERM),        # 12
+               (ret, 0, 0, _RET_ALLOW)]        # 13
+    filters = (_SockFilter * len(program))(*[_SockFilter(*op) for op in program])
+    prog = _SockFprog(len(program), filters)
+    if not _prctl(libc, _PR_SET_NO_NEW_PRIVS, 1) or not _prctl(libc, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER,
+                                                               ctypes.byref(prog)):
+        return f"not refused (seccomp filter refused, errno {ctypes.get_errno()})"
+    return "refused (seccomp)"

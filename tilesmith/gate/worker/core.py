@@ -203,7 +203,7 @@ class Worker:
                 digests.append(start != worker_runtime.rng_digest(self.device))
         worker_runtime.sync(self.device)
         warm_s = (T.perf_ns() - t0) / 1e9
-        out_bytes = sum(int(o.numel() * o.element_size()) for o in (outs if isinstance(outs, (list, tuple)) else [])
+        out_bytes = sum(int(o.numel() * o.element_size()) for o in (layout.plain_sequence(outs) or [])
                         if type(o) is torch.Tensor)
         peak = worker_runtime.peak(self.device) - before
         del outs
@@ -414,7 +414,7 @@ class Worker:
         facts["outputs"] = layout.output_facts(outs, iset.values) if "error" not in facts else []
         if "error" not in facts:
             facts["async_changed"] = worker_runtime.changed_since(outs, snaps)
-            facts["guard_violations"] = self.allocator.violations(list(outs) if isinstance(outs, (list, tuple)) else [])
+            facts["guard_violations"] = self.allocator.violations(layout.plain_sequence(outs) or [])
         facts["inputs_changed"] = iset.changes()
         facts["rng"] = worker_runtime.rng_digest(self.device)
         facts.update(self._global_facts())
@@ -443,7 +443,7 @@ class Worker:
             return {"save_refused": problem}
         tensors = [compact_cpu(o) if type(o) is torch.Tensor else None for o in outs]
         extra = [[i, compact_cpu(t)] for i, t in mutated if isinstance(t, torch.Tensor)]
-        T.save({"outputs": tensors, "mutated_inputs": extra}, path)
+        bindings.save_new({"outputs": tensors, "mutated_inputs": extra}, path)
         return {"saved": path}
 
     # -- timing --------------------------------------------------------------------------------------

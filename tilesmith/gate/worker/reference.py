@@ -18,7 +18,7 @@ import torch
 
 from tilesmith.gate import inputs, layout, retained
 from tilesmith.gate.worker import runtime
-from tilesmith.gate.worker.bindings import T, compact_cpu
+from tilesmith.gate.worker.bindings import T, compact_cpu, save_new
 
 
 def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -29,7 +29,7 @@ def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _nonfinite(outs: Any) -> int:
-    return sum(int((~torch.isfinite(o)).sum()) for o in (outs if isinstance(outs, (list, tuple)) else [])
+    return sum(int((~torch.isfinite(o)).sum()) for o in (layout.plain_sequence(outs) or [])
                if type(o) is torch.Tensor and (o.is_floating_point() or o.is_complex()))
 
 
@@ -64,7 +64,8 @@ def run_one(worker: Any, run: dict[str, Any]) -> dict[str, Any]:
         return facts
     facts["rng"] = runtime.rng_digest(worker.device)
     facts["retained"] = held
-    outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+    items = layout.plain_sequence(outs)
+    outs = items if items is not None else [outs]
     facts["outputs"] = layout.output_facts(outs, args)
     facts["nonfinite"] = _nonfinite(outs)
     facts["clobbered"] = [i for i, b in before.items() if not _same_values(args[i], b)]
@@ -72,7 +73,7 @@ def run_one(worker: Any, run: dict[str, Any]) -> dict[str, Any]:
     if run.get("save"):
         tensors = [compact_cpu(o) if type(o) is torch.Tensor else o for o in outs]
         extra = [[i, compact_cpu(args[i])] for i in worker.mutated if i < len(args) and isinstance(args[i], torch.Tensor)]
-        T.save({"outputs": tensors, "mutated_inputs": extra}, run["save"])
+        save_new({"outputs": tensors, "mutated_inputs": extra}, run["save"])
         facts["saved"] = run["save"]
     return facts
 

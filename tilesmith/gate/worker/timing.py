@@ -46,7 +46,9 @@ from typing import Any
 import torch
 
 from tilesmith.gate.inputs import distinct_capacity, fill_set, static_indices
-from tilesmith.gate.worker.bindings import T, against_expected, compact_cpu
+from tilesmith.gate.layout import plain_sequence
+from tilesmith.gate.worker import confine
+from tilesmith.gate.worker.bindings import T, against_expected, compact_cpu, save_new
 from tilesmith.gate.worker.runtime import InputSet, memory_facts, sync
 
 
@@ -54,8 +56,8 @@ def storage_bytes(values: Any, skip: Any = ()) -> int:
     """Bytes of the distinct storages of the tensors in ``values`` (indices in ``skip`` left out)."""
     seen: dict[int, int] = {}
     skipped = {int(i) for i in skip}
-    for i, v in enumerate(values if isinstance(values, (list, tuple)) else []):
-        if isinstance(v, torch.Tensor) and i not in skipped:
+    for i, v in enumerate(plain_sequence(values) or []):
+        if type(v) is torch.Tensor and i not in skipped:
             storage = v.untyped_storage()
             seen[storage.data_ptr()] = max(seen.get(storage.data_ptr(), 0), int(storage.nbytes()))
     return sum(seen.values())
@@ -138,7 +140,10 @@ def _prepare(worker: Any, msg: dict[str, Any]) -> dict[str, Any]:
             singles = [_timed(device, flush, arm.fn, [first.args()])[0] for _ in range(3)]
             estimates[str(a)] = max(statistics.median(singles), 1e-4)
     _STATE["session"] = _Session(arms, pool, first, flush, static)
-    return {"ok": True, "estimates_ms": estimates, "static_inputs": list(static),
+    # From here on a candidate's process starts no process (threads stay possible and are counted): work a child
+    # does is work this clock may not see (red team 18). Its warm-up above compiled whatever it compiles lazily.
+    processes = confine.no_new_processes() if getattr(worker, "role", "candidate") != "trusted" else "trusted worker"
+    return {"ok": True, "estimates_ms": estimates, "static_inputs": list(static), "new_processes": processes,
             "set_bytes": storage_bytes(first.values, skip=static),  # what each further set adds (static: once)
             "output_bytes": out_bytes, "distinct": min(distinct_capacity(values, static) for values in pool),
             "memory": memory_facts(device),
@@ -199,6 +204,11 @@ def _sample(worker: Any, msg: dict[str, Any]) -> dict[str, Any]:
     with T.no_grad():
         T.manual_seed(int(msg.get("seed", r)))
         ms, wall, outs = _timed(worker.device, session.flush, session.arms[a].fn, argsets)
+    # Every call's result, picked or not, after the clock: a tuple subclass could do its work when read.
+    odd = next((j for j, out in enumerate(outs) if plain_sequence(out) is None), None)
+    if odd is not None and session.refused is None:
+        session.refused = (f"round {r}, arm {a}, call {odd}: the wrapper returned {type(outs[odd]).__module__}."
+                           f"{type(outs[odd]).__qualname__}, not a tuple or list")
     session.held = (r, a, outs)
     del outs
     return {"ok": True, "ms": ms, "wall_ms": wall}
@@ -220,7 +230,7 @@ def _finish(worker: Any, msg: dict[str, Any]) -> dict[str, Any]:
     if session.refused:
         answer["spot_refused"] = session.refused
     elif session.spots:
-        T.save({"spots": session.spots, "keys": session.keys}, msg["spot_path"])
+        save_new({"spots": session.spots, "keys": session.keys}, msg["spot_path"])
         answer["spot_path"] = msg["spot_path"]
     del session
     return answer
