@@ -66,6 +66,77 @@ def test_cache_template_is_copied_not_linked(tmp_path):
 
 
 
+@pytest.mark.parametrize("change", ["rewrite", "remove", "add"])
+def test_an_altered_cache_template_seeds_no_worker(tmp_path, change):
+    """Red team 17b: native code copied a poisoned library over the template's copy of an original kernel. The
+    template's digests are kept in the host's memory; a template that differs from them (a file rewritten, gone or
+    added) is refused with the remedy, and the altered file is never copied."""
+    class Trusted:
+        saw: set[str] = set()
+        dir = tmp_path / "trusted"
+
+    (Trusted.dir / "inductor" / "ab").mkdir(parents=True)
+    (Trusted.dir / "inductor" / "ab" / "kernel.so").write_bytes(b"\x7fELF original")
+    (Trusted.dir / "inductor" / "ab" / "orig.py").write_text("call = None\n")
+    template = caches.make_cache_template(Trusted, tmp_path / "template")  # type: ignore[arg-type]
+    assert caches.copy_cache_template(template, tmp_path / "w1") == 2
+    kernel = template / "inductor" / "ab" / "kernel.so"
+    if change == "rewrite":
+        kernel.write_bytes(b"\x7fELF poisoned")
+    elif change == "remove":
+        kernel.unlink()
+    else:
+        (template / "inductor" / "cd").mkdir()
+        (template / "inductor" / "cd" / "planted.so").write_bytes(b"\x7fELF")
+    with pytest.raises(caches.CacheTemplateAltered, match="Close the gate and start a new one"):
+        caches.copy_cache_template(template, tmp_path / "w2")
+    assert change == "add" or not (tmp_path / "w2" / "inductor" / "ab" / "kernel.so").exists()
+    assert not (tmp_path / "w2" / "inductor" / "cd").exists()
+
+
+def test_precompiled_headers_are_shared_by_symbolic_link(tmp_path, monkeypatch):
+    """A hard link in the worker's folder is a writable path to the host's header under Landlock's path rules (red
+    team 17b); a symbolic link is checked at its target, outside the folder (and a worker whose writes are not
+    confined removes it: the next test)."""
+    import tempfile
+
+    from torch._inductor import codecache
+
+    headers = Path(tempfile.mkdtemp(prefix="share-headers-", dir=tempfile.gettempdir())) / "precompiled_headers"
+    try:
+        headers.mkdir()
+        (headers / "cabc.h").write_text("#include <x.h>\n")
+        (headers / "cabc.h.gch").write_bytes(b"gch")
+        monkeypatch.setattr(codecache, "_HEADER_DIR", str(headers))
+        rel = os.path.relpath(headers, tempfile.gettempdir())
+        assert caches.share_precompiled_headers(tmp_path / "w1") == 2
+        for name in ("cabc.h", "cabc.h.gch"):
+            link = tmp_path / "w1" / "tmp" / rel / name
+            assert link.is_symlink() and os.readlink(link) == str((headers / name).resolve())
+        assert (headers / "cabc.h.gch").stat().st_nlink == 1
+    finally:
+        import shutil
+
+        shutil.rmtree(headers.parent, ignore_errors=True)
+
+
+def test_a_worker_whose_writes_are_not_confined_drops_links_to_shared_files(tmp_path, monkeypatch):
+    from tilesmith.gate.worker import confine
+
+    folder, shared = tmp_path / "w", tmp_path / "shared.h.gch"
+    (folder / "tmp" / "hdr").mkdir(parents=True)
+    shared.write_bytes(b"gch")
+    (folder / "tmp" / "own.h").write_text("own")
+    (folder / "tmp" / "hdr" / "shared.h.gch").symlink_to(shared)
+    (folder / "tmp" / "hdr" / "own-link.h").symlink_to(folder / "tmp" / "own.h")
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # not beneath the folder: not the worker's own, left alone
+    assert confine._drop_outside_links((str(folder),)) == ""
+    monkeypatch.setenv("TMPDIR", str(folder / "tmp"))
+    assert confine._drop_outside_links((str(folder),)) == ", 1 links to shared files removed"
+    assert not (folder / "tmp" / "hdr" / "shared.h.gch").is_symlink() and shared.exists()
+    assert (folder / "tmp" / "hdr" / "own-link.h").is_symlink()
+
+
 def test_copied_triton_cache_groups_point_into_the_new_worker(tmp_path, monkeypatch):
     """Triton's group files hold absolute paths; a copied template must not send a candidate worker's cache
     hits into the trusted worker's folder (the H200 rejected every edited CUDA candidate for it)."""

@@ -5,7 +5,8 @@ Each test is a hole found by running a cheating candidate through a real Gate in
 off (``scan_off=True``), so only the runtime defences stand. The signal, the escaped process and the offloaded work
 are closed by the worker's confinement (Landlock's signal scope; a seccomp filter refusing ``setsid``/``setpgid``,
 so every process the worker starts stays in its session and group: ``tilesmith/gate/worker/confine.py``); the two
-cache attacks are still ``xfail`` (files the worker can write that others read: next session).
+cache attacks by its Landlock write rules (writes only beneath the worker's own folder), the precompiled headers
+shared by symbolic link instead of hard link, and the cache template's digests checked at every copy.
 """
 
 from __future__ import annotations
@@ -206,10 +207,11 @@ def test_work_offloaded_to_a_helper_process_is_not_a_speedup(tmp_path, control):
 
 
 # -- the hard-linked precompiled headers -----------------------------------------------------------------------------
-#: Appends a line to every file of ``$TMPDIR/@REL@`` (the worker's *own* private temporary folder: where
-#: :func:`tilesmith.gate.host.caches._link_precompiled_headers` hard-linked the host's precompiled headers). A hard link
-#: is the same inode: the write lands in the host's ``codecache._HEADER_DIR``, which the user's process and every later
-#: worker (the trusted one included) compile against.
+#: Appends a line to every file of ``$TMPDIR/@REL@`` (the worker's *own* private temporary folder: where the host's
+#: precompiled headers were hard-linked before, :func:`tilesmith.gate.host.caches.share_precompiled_headers` now puts
+#: symbolic links). A hard link is the same inode: the write landed in the host's ``codecache._HEADER_DIR``, which the
+#: user's process and every later worker (the trusted one included) compile against. Through a symbolic link Landlock
+#: checks the target's path, outside the worker's folder: refused.
 HEADER_KERNEL = r'''
 cpp_hdr = async_compile.cpp_pybinding(['int64_t'], r"""
 #include <dirent.h>
@@ -238,8 +240,6 @@ extern "C" void kernel(int64_t unused) {
 '''
 
 
-@pytest.mark.xfail(strict=True, reason="precompiled headers are hard-linked into the worker's private TMPDIR: native "
-                                       "code appending to its 'own' file changes the host's header")
 def test_a_candidate_cannot_change_the_hosts_precompiled_headers(tmp_path):
     import tempfile
 
@@ -317,15 +317,14 @@ def _poison_template_source(src: str) -> str:
                             f"cpp_copy(_b(cpp_evil.__self__.__file__), _b({name}.__self__.__file__))")
 
 
-@pytest.mark.xfail(strict=False, reason="not reproduced in every run (later workers may be spares seeded before it): "
-                                        "native code can overwrite the gate's cache template (a sibling of the "
-                                       "worker's folder): later workers load altered code for the original's kernels")
 def test_a_candidate_cannot_change_what_later_workers_load(tmp_path):
     gen = gs.linear_ln_gate(tmp_path / "gate", "rt17b-template (0_inference)", scan_off=True)
     gate, cap, _ = next(gen)
     try:
+        template = {p: p.read_bytes() for p in gate._template.rglob("*") if p.is_file()} if gate._template else {}
         first = gate.evaluate(Candidate(source=_poison_template_source(cap.source), proposer="redteam17b",
                                         note="poison the cache template"))
+        changed = [str(p) for p, data in template.items() if not p.is_file() or p.read_bytes() != data]
         later = []
         for i in range(3):  # the first may run in a spare seeded before the poisoning
             honest = gate.evaluate(Candidate(source=cap.source + f"\n# honest {i}\n", proposer="redteam17b",
@@ -334,4 +333,74 @@ def test_a_candidate_cannot_change_what_later_workers_load(tmp_path):
     finally:
         gen.close()
     assert first.status != "accepted"
+    assert template
+    assert not changed, f"the candidate changed the gate's cache template: {changed[:3]}"
     assert not any("12345" in reasons for _, reasons in later), later
+
+
+# -- the write rules themselves, from Python ---------------------------------------------------------------------------
+_WRITE_PROBE = """
+import importlib.util, os, sys
+spec = importlib.util.spec_from_file_location("confine", sys.argv[1])  # the file alone: ctypes and os only
+confine = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(confine)
+folder, outside = sys.argv[2], sys.argv[3]
+os.chdir(folder)
+print("confinement:", confine.confine() if sys.argv[4] == "confined" else "not confined")
+def attempt(what, action):
+    try:
+        action()
+        print(what, "ok")
+    except OSError as exc:
+        print(what, "refused", exc.errno)
+attempt("inside", lambda: open(os.path.join(folder, "f"), "w").close())
+attempt("inside-rename", lambda: os.rename(os.path.join(folder, "f"), os.path.join(folder, "tmp", "g")))
+attempt("devnull", lambda: open(os.devnull, "w").close())
+attempt("append", lambda: open(outside, "a").close())
+attempt("truncate", lambda: os.truncate(outside, 0))
+attempt("create", lambda: open(outside + ".new", "w").close())
+attempt("unlink", lambda: os.unlink(outside + ".keep"))
+attempt("hardlink-in", lambda: os.link(outside, os.path.join(folder, "h")))
+attempt("rename-in", lambda: os.rename(outside + ".move", os.path.join(folder, "r")))
+attempt("through-symlink", lambda: open(os.path.join(folder, "tmp", "s"), "a").close())
+attempt("read", lambda: open(outside).read())
+"""
+
+
+def test_a_confined_worker_writes_only_beneath_its_folder(tmp_path):
+    """What the native kernels above did, from Python in a process confined as workers are (Landlock ABI >= 2): inside
+    its folder everything works, outside it nothing is written, created, removed, truncated, linked or moved in,
+    also through a symbolic link; reading is unchanged. Unconfined, the same process does all of it."""
+    import subprocess
+    import sys
+
+    from tilesmith.gate.worker import confine
+
+    if (confine.landlock_abi() or 0) < 2:
+        pytest.skip("no Landlock ABI >= 2 here: writes are not confined (the report says so)")
+    path = str(Path(__file__).resolve().parents[1] / "tilesmith" / "gate" / "worker" / "confine.py")
+
+    def run(mode: str) -> dict[str, str]:
+        folder, outside = tmp_path / mode / "w", tmp_path / mode / "shared.h"
+        (folder / "tmp").mkdir(parents=True)
+        outside.write_text("shared\n")
+        for extra in ("keep", "move"):
+            (tmp_path / mode / f"shared.h.{extra}").write_text(extra)
+        (folder / "tmp" / "s").symlink_to(outside)
+        out = subprocess.run([sys.executable, "-c", _WRITE_PROBE, path, str(folder), str(outside), mode],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        lines = dict(line.split(" ", 1) for line in out.stdout.splitlines())
+        if mode == "confined":
+            assert outside.read_text() == "shared\n" and (tmp_path / mode / "shared.h.keep").exists()
+            assert (tmp_path / mode / "shared.h.move").exists() and not (tmp_path / mode / "shared.h.new").exists()
+        return lines
+
+    free = run("free")
+    assert all(v == "ok" for k, v in free.items() if k != "confinement:"), free
+    confined = run("confined")
+    assert "writes only beneath the worker's folder" in confined["confinement:"], confined
+    assert {k: v.split()[0] for k, v in confined.items() if k != "confinement:"} == {
+        "inside": "ok", "inside-rename": "ok", "devnull": "ok", "read": "ok",
+        **{k: "refused" for k in ("append", "truncate", "create", "unlink", "hardlink-in", "rename-in",
+                                  "through-symlink")}}, confined

@@ -1,22 +1,34 @@
 """The private compiler caches of gate workers: seeding a new worker's, and the template of the original's kernels.
 
-Every worker has its own ``TORCHINDUCTOR_CACHE_DIR``, ``TRITON_CACHE_DIR`` and ``TMPDIR``
+Every worker has its own ``TORCHINDUCTOR_CACHE_DIR``, ``TRITON_CACHE_DIR``, ``TMPDIR`` and CUDA/NVRTC kernel caches
 (:func:`tilesmith.gate.host.process.private_environment`). A new one is seeded with copies of the CPU ISA
-probes of this process's cache, hard links to its precompiled headers, and a copy of the cache template the
-trusted worker's caches give right after it loaded the original (:func:`make_cache_template`), so a
-candidate's unchanged kernels are cache hits.
+probes of this process's cache, symbolic links to its precompiled headers (:func:`share_precompiled_headers`), and a verified copy of the cache template the trusted worker's caches give
+right after it loaded the original (:func:`make_cache_template`), so a candidate's unchanged kernels are cache hits.
+Nothing is hard-linked: a worker's Landlock write rules (:mod:`tilesmith.gate.worker.confine`) check the path a
+file is opened by, and a hard link in its folder would be a writable path to a shared file.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
-#: Sub-directories of a worker's private directory that hold its compiler caches and temporary files.
-PRIVATE_CACHE_DIRS = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton", "TMPDIR": "tmp"}
+from tilesmith.errors import WorkerError
+
+#: Sub-directories of a worker's private directory that hold its compiler caches and temporary files. Besides
+#: Inductor's, Triton's and ``tempfile``'s: the CUDA driver's JIT cache (``CUDA_CACHE_PATH``, else ``~/.nv``) and
+#: ATen's NVRTC kernel cache (``PYTORCH_KERNEL_CACHE_PATH``, else ``~/.cache/torch/kernels``), which a worker could
+#: not write in the user's home (its writes are confined to its folder) and must not share with later workers.
+PRIVATE_CACHE_DIRS = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton", "TMPDIR": "tmp",
+                      "CUDA_CACHE_PATH": "nv", "PYTORCH_KERNEL_CACHE_PATH": "torch-kernels"}
+
+
+class CacheTemplateAltered(WorkerError):
+    """The gate's cache template differs from what :func:`make_cache_template` recorded (message names the remedy)."""
 
 
 def private_folder(prefix: str, parent: Path | None = None) -> Path:
@@ -99,18 +111,22 @@ def seed_private_cache(worker_dir: Path) -> int:
             copied += 1
         except OSError:
             continue
-    return copied + _link_precompiled_headers(worker_dir)
+    return copied + share_precompiled_headers(worker_dir)
 
 
 _TEMPLATE_SUBDIRS = (PRIVATE_CACHE_DIRS["TORCHINDUCTOR_CACHE_DIR"], PRIVATE_CACHE_DIRS["TRITON_CACHE_DIR"])
+#: SHA-256 of every file of each template (``str(template)`` → relative path → digest), recorded by
+#: :func:`make_cache_template` and kept in this process's memory, out of every worker's reach.
+_TEMPLATE_DIGESTS: dict[str, dict[str, str]] = {}
 
 
 def make_cache_template(worker: Any, template: Path) -> Path | None:
     """Copy the compiler caches of a worker that has initialized but imported no candidate yet (only the
-    trusted original wrapper and its compiled kernels are in them) to ``template``; later workers start
-    from a copy (:func:`copy_cache_template`) instead of recompiling the original's kernels (CPU: the
-    C++ kernels, seconds each; CUDA: every Triton kernel). Returns ``template``, or ``None`` when the
-    worker has already seen a candidate or copying failed (later workers then compile for themselves).
+    trusted original wrapper and its compiled kernels are in them) to ``template`` and record the SHA-256 of each
+    file; later workers start from a verified copy (:func:`copy_cache_template`) instead of recompiling the
+    original's kernels (CPU: the C++ kernels, seconds each; CUDA: every Triton kernel). Returns ``template``, or
+    ``None`` when the worker has already seen a candidate or copying failed (later workers then compile for
+    themselves).
     """
     if worker.saw:
         return None
@@ -119,25 +135,66 @@ def make_cache_template(worker: Any, template: Path) -> Path | None:
         for sub in _TEMPLATE_SUBDIRS:
             if (worker.dir / sub).is_dir():
                 shutil.copytree(worker.dir / sub, tmp / sub, symlinks=False)
+        digests = {rel: hashlib.sha256((tmp / rel).read_bytes()).hexdigest() for rel in _template_files(tmp)}
         os.replace(tmp, template)
+        _TEMPLATE_DIGESTS[str(template)] = digests
         return template
     except OSError:
         return None
 
 
+def _template_files(template: Path) -> list[str]:
+    """Relative paths of the files (symbolic links included) beneath the template's cache sub-directories."""
+    found = []
+    for sub in _TEMPLATE_SUBDIRS:
+        for path, _dirs, files in os.walk(template / sub):
+            found += [os.path.relpath(os.path.join(path, name), template) for name in files]
+    return sorted(found)
+
+
 def copy_cache_template(template: Path, worker_dir: Path) -> int:
     """Copy a :func:`make_cache_template` folder into a new worker's private directory (copies, never
     links: a worker cannot change what the next one loads), with Triton's group files pointed at the copy
-    (:func:`relink_triton_groups`). Returns the number of files copied."""
+    (:func:`relink_triton_groups`). Returns the number of files copied.
+
+    Each file is read once, its SHA-256 compared with the one recorded when the template was made, and written into
+    the worker's folder only when it matches, so what a worker loads is what the trusted worker compiled. Workers
+    cannot write the template (their Landlock write rules); this check holds also where that confinement is missing.
+
+    Raises:
+        CacheTemplateAltered: a file of the template changed, vanished or appeared since it was made (the worker's
+            copy is then incomplete: it must not be used, and something wrote outside its worker's folder).
+    """
+    expected = _TEMPLATE_DIGESTS.get(str(template))
+    present = _template_files(template)
+    if expected is None:  # a template this process did not make (tests): taken as it is
+        expected = {rel: "" for rel in present}
+    changed = sorted(set(present) ^ set(expected))
     copied = 0
-    for sub in _TEMPLATE_SUBDIRS:
-        if not (template / sub).is_dir():
-            continue
+    for rel, digest in expected.items():
         try:
-            shutil.copytree(template / sub, worker_dir / sub, symlinks=False, dirs_exist_ok=True)
-            copied += sum(len(files) for _, _, files in os.walk(worker_dir / sub))
+            content = (template / rel).read_bytes()
         except OSError:
+            changed.append(rel)
             continue
+        if digest and hashlib.sha256(content).hexdigest() != digest:
+            changed.append(rel)
+            continue
+        target = worker_dir / rel
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(content)
+            shutil.copystat(template / rel, target)
+            copied += 1
+        except OSError:  # a full disk: no partial file (the worker compiles that kernel itself)
+            target.unlink(missing_ok=True)
+    if changed:
+        raise CacheTemplateAltered(
+            f"the gate's cache template {template} changed after the trusted worker's caches were copied into it "
+            f"({len(changed)} files, e.g. {changed[0]}): something wrote outside its worker's folder, so no worker is "
+            "seeded from it and this gate's results cannot be trusted. Close the gate and start a new one; see "
+            "environment.worker.confinement in its report (writes are confined with Landlock ABI >= 2; docs/gate.md, "
+            "'What native code can still do').")
     relink_triton_groups(worker_dir / PRIVATE_CACHE_DIRS["TRITON_CACHE_DIR"])
     return copied
 
@@ -176,26 +233,31 @@ def relink_triton_groups(triton_dir: Path) -> int:
     return changed
 
 
-def _link_precompiled_headers(worker_dir: Path) -> int:
-    """Hard-link this process's precompiled C++ headers into the worker's private temporary directory.
+def share_precompiled_headers(worker_dir: Path) -> int:
+    """Symbolic links to this process's precompiled C++ headers in the worker's private temporary directory.
 
     torch 2.11 keeps precompiled headers (``cpp_prefix.h``, ~120 MB ``.gch`` per compiler/flag set) in
     ``<tempfile.gettempdir()>/torchinductor_<user>/precompiled_headers`` (``codecache._HEADER_DIR``, fixed
     at import, not under ``TORCHINDUCTOR_CACHE_DIR``); with the worker's private ``TMPDIR`` it would
-    rebuild one (~10-20 s of CPU) before its first C++ kernel. Links cost nothing; Python code in the
-    worker cannot write to them (audit hook: files that existed before the candidate's import are
-    read-only to it); native code could, as it could write to the original folder — a documented
-    residual risk. Nothing is copied when linking fails (another file system): the worker rebuilds.
+    rebuild one (~10-20 s of CPU) before its first C++ kernel. Inductor finds an existing header by its path
+    (``os.path.exists``, which follows the link) and the compiler reads it through the link; its lock files and any
+    header it builds are real files of the worker's folder. Why links, and only symbolic ones: Landlock checks the
+    path a file is opened by after following symbolic links, so the shared header stays read-only to the worker (its
+    writes are confined to its folder), whereas a hard link in its folder was a writable path to the host's file
+    (red team 17b: native code appended to it); copies would cost 124 MB and 0.03-0.2 s per header and worker, and
+    which header a worker will use is not known ahead (the CI VM's folder held 16: 1.9 GB, 2.6 s to copy; 32 links:
+    2 ms). A worker whose writes are not confined (no Landlock
+    ABI ≥ 2, or its write rules failed) removes these links itself at start, before any candidate code exists, and
+    builds its own headers (:mod:`tilesmith.gate.worker.confine`, which alone knows how it is confined). Returns the
+    number of links.
     """
     try:
-        import tempfile as _tempfile
-
         from torch._inductor import codecache
 
         header_dir = getattr(codecache, "_HEADER_DIR", None)
         if not header_dir or not os.path.isdir(header_dir):
             return 0
-        rel = os.path.relpath(header_dir, _tempfile.gettempdir())
+        rel = os.path.relpath(header_dir, tempfile.gettempdir())
         if rel.startswith(".."):
             return 0
         target = worker_dir / PRIVATE_CACHE_DIRS["TMPDIR"] / rel
@@ -203,10 +265,8 @@ def _link_precompiled_headers(worker_dir: Path) -> int:
         for entry in os.scandir(header_dir):
             if entry.is_file(follow_symlinks=False) and entry.name.endswith((".h", ".h.gch")):
                 target.mkdir(parents=True, exist_ok=True)
-                os.link(entry.path, target / entry.name)
+                os.symlink(os.path.realpath(entry.path), target / entry.name)
                 linked += 1
         return linked
-    except Exception:  # noqa: BLE001 - no headers, other torch, other file system: the worker builds its own
+    except Exception:  # noqa: BLE001 - no headers, other torch: the worker builds its own
         return 0
-
-

@@ -188,7 +188,7 @@ class Gate:
             self.original_effects = tuple(str(n) for n in init.get("original_effects") or ())
             self.original_imports = dict(init.get("original_imports") or {})
             self.memory: MemoryPlan = plan_from(str(self.device), init)
-            self.reference = TrustedReference(self._trusted, self.files, self.worker_timeout_s)
+            self.reference = TrustedReference(self._trusted, self._trusted.dir, self.worker_timeout_s)
             self.captured: RefResult = self.reference.run(recipe("normal", 0), seed=0)
             self.expected = self.captured.expected_specs()
             mutated_bytes = sum(int(t.numel() * t.element_size()) for t in self.captured.mutated.values())
@@ -406,7 +406,7 @@ class Gate:
             worker.kill()
             self._second = None
             return self.reference
-        self._confirming = TrustedReference(worker, self.files, self.worker_timeout_s, self.reference.expected_bytes)
+        self._confirming = TrustedReference(worker, worker.dir, self.worker_timeout_s, self.reference.expected_bytes)
         return self._confirming
 
     # -- evaluation -----------------------------------------------------------------------------------

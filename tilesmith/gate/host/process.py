@@ -116,10 +116,13 @@ def private_environment(worker_dir: Path) -> dict[str, str]:
 
     ``TORCHINDUCTOR_CACHE_DIR`` (Inductor's code cache: the original wrapper, the candidate and their
     compiled kernels), ``TRITON_CACHE_DIR`` (Triton's kernel cache), ``TMPDIR`` (``tempfile``: Triton's and
-    the C++ builder's temporary files) and ``PYTHONDONTWRITEBYTECODE=1`` (no ``__pycache__`` writes into the
-    installation). Why: a candidate that rewrote a shared cache file (red-team finding 1: the original
-    wrapper's file in the shared Inductor cache) would change what later workers and the user's own later
-    processes load; with private caches anything it writes is deleted with its worker.
+    the C++ builder's temporary files), ``CUDA_CACHE_PATH`` and ``PYTORCH_KERNEL_CACHE_PATH`` (the CUDA driver's
+    and ATen's NVRTC JIT caches, else in the user's home) and ``PYTHONDONTWRITEBYTECODE=1`` (no ``__pycache__``
+    writes into the installation). Why: a candidate that rewrote a shared cache file (red-team finding 1: the
+    original wrapper's file in the shared Inductor cache) would change what later workers and the user's own later
+    processes load; with private caches anything it writes is deleted with its worker. And the worker can write
+    nowhere else (its Landlock write rules: :mod:`tilesmith.gate.worker.confine`), so a cache outside its folder
+    would be a cache it cannot fill.
     """
     env = {name: str(worker_dir / sub) for name, sub in PRIVATE_CACHE_DIRS.items()}
     env["PYTHONDONTWRITEBYTECODE"] = "1"
@@ -199,7 +202,11 @@ class WorkerProcess:
                  template: Path | None = None, device_type: str = "cuda") -> None:
         self.label = f"{label}#{next(self._numbers)}"
         self.dir = private_folder("w", parent_dir)
-        self.seeded = copy_cache_template(template, self.dir) if template is not None else 0
+        try:
+            self.seeded = copy_cache_template(template, self.dir) if template is not None else 0
+        except BaseException:  # caches.CacheTemplateAltered: no worker starts from that template
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise
         self.seeded += seed_private_cache(self.dir)
         self.templated = template is not None
         """Whether the original's compiled kernels (the gate's cache template) are in its private caches."""

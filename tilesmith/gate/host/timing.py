@@ -433,7 +433,7 @@ def _run(run: TimingRun, schedule: Schedule, arms: list[str], workers: list[Any]
     spots: dict[str, Any] = {}
     for w in workers:
         quiet.only(w)
-        path = run.spot_dir / f"spots_{w.pid}.pt"
+        path = Path(getattr(w, "dir", None) or run.spot_dir) / f"spots_{w.pid}.pt"  # a worker writes only its own
         done = w.request("time", run.sample_timeout_s, "the timing spot-check copies", phase="finish",
                          copy=pending[id(w)], spot_path=str(path))
         if id(w) not in trusted:

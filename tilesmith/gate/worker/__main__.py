@@ -85,7 +85,8 @@ def main() -> int:
     proto_in, proto_out_fd = _secure_stdio()
     _limit_resources()
     # Before any candidate code exists here: native code must not reach other processes (the host, the trusted
-    # worker, the zygote) through ptrace-checked access such as /proc/<pid>/mem (tilesmith.gate.worker.confine).
+    # worker, the zygote) through ptrace-checked access such as /proc/<pid>/mem, nor write outside this worker's
+    # folder, the working directory the host (or the zygote's child setup) gave it (tilesmith.gate.worker.confine).
     from tilesmith.gate.worker import confine
 
     confinement = confine.confine()

@@ -1,5 +1,5 @@
-"""A worker's confinement against other processes: what native candidate code cannot do to the host, the trusted
-worker, other candidates or the fork server's zygote, whatever it spells.
+"""A worker's confinement: what native candidate code cannot do to other processes (the host, the trusted worker,
+other candidates, the fork server's zygote) and to files outside the worker's folder, whatever it spells.
 
 Why: native code (a C++ kernel built through Inductor's C++ path, ``load_inline``, a CUDA kernel) raises no audit
 events and passes any name-based scan with another spelling. Red team 17 (tests/test_gate_redteam17.py) had a
@@ -11,20 +11,38 @@ trusted worker (which times the original), sibling candidates.
 How: at its start, before any candidate code exists in it, every worker enters a **Landlock** domain of its own
 (Linux ≥ 5.13 with Landlock enabled; unprivileged, after ``PR_SET_NO_NEW_PRIVS``). Landlock lets a process of a
 domain ptrace-access only processes in the same domain or one nested in it (kernel documentation, "Landlock:
-unprivileged access control", section "Ptrace restrictions"), and ``/proc/<pid>/mem``, ``/proc/<pid>/environ``,
-``process_vm_readv``/``writev`` and ``ptrace`` all go through that check. Each worker's domain is its own, and the
-host and the zygote are in none, so a candidate reaches none of them, even as root (the check is Landlock's, not a
-capability's). The ruleset handles one filesystem right, REFER (moving files between directories), and allows it
-beneath ``/``: files are as before. Children of the worker (compilers, ``ptxas``) inherit its domain.
+unprivileged access control", https://docs.kernel.org/userspace-api/landlock.html, section "Ptrace
+restrictions"), and ``/proc/<pid>/mem``, ``/proc/<pid>/environ``, ``process_vm_readv``/``writev`` and ``ptrace``
+all go through that check. Each worker's domain is its own, and the host and the zygote are in none, so a candidate
+reaches none of them, even as root (the check is Landlock's, not a capability's). Children of the worker
+(compilers, ``ptxas``) inherit its domain.
+
+Writes (red team 17b: a candidate's C++ kernel appended to the precompiled headers hard-linked into its folder,
+which were the host's, and copied a poisoned kernel library over the gate's cache template, a sibling of its folder,
+which later workers loaded): the ruleset *handles* the write-ish filesystem rights (same documentation, "Filesystem
+flags": ``WRITE_FILE``, ``REMOVE_DIR``/``REMOVE_FILE``, every ``MAKE_*``, ``REFER`` from ABI 2, ``TRUNCATE`` from
+ABI 3) and allows them only beneath the worker's own folder (:func:`worker_folders`: its working directory, where
+the host puts its Inductor/Triton/CUDA caches and ``TMPDIR``), plus ``WRITE_FILE``/``TRUNCATE`` beneath ``/dev``
+(``/dev/null``, the ``/dev/nvidia*`` devices CUDA opens read-write) and all of them but ``REFER`` beneath
+``/dev/shm`` (POSIX shared memory and semaphores). Reading, listing and executing are not handled: everything stays readable as before.
+Landlock checks the path a file is opened by, not the file: a hard link into the folder would stay writable, so the
+host links nothing there (the shared precompiled headers are symbolic links, whose targets are checked where they
+are: :func:`tilesmith.gate.host.caches.share_precompiled_headers`), and a candidate cannot make one (``REFER`` is
+allowed only inside the folder, so linking or moving a file in from outside is refused, ``EXDEV``). Already-open
+descriptors (the protocol pipes, the log) are not affected. Without ``TRUNCATE`` (ABI 2) a file outside can still be
+truncated to a shorter length; the report says so.
+Landlock does not handle ``chmod``/``chown``/``utime``/extended attributes: those stay possible on the user's files.
 
 Where the kernel has Landlock ABI ≥ 6 the domain is also scoped: no signals to, and no connections to abstract Unix
 sockets of, processes outside it. And a seccomp filter refuses ``setsid``/``setpgid`` (:func:`_no_new_session`), so
 every process the worker starts stays in its session and process group, where the host counts, stops and kills.
 
-Without Landlock ABI ≥ 2 (kernels before 5.19, Landlock not in the kernel's LSM list) the worker makes itself non-dumpable
-(``PR_SET_DUMPABLE`` 0): other processes of the same user can then not trace it unless they hold
-``CAP_SYS_PTRACE`` (root does), and the fork server's zygote does the same (:func:`protect_zygote`). What that does
-not cover is said in docs/gate.md ("What native code can still do").
+Without Landlock ABI ≥ 2 (kernels before 5.19, Landlock not in the kernel's LSM list) the worker makes itself
+non-dumpable (``PR_SET_DUMPABLE`` 0): other processes of the same user can then not trace it unless they hold
+``CAP_SYS_PTRACE`` (root does), and the fork server's zygote does the same (:func:`protect_zygote`); its writes are
+not confined, so it removes the symbolic links to shared files from its folder first (:func:`_drop_outside_links`).
+The result is in the worker's ``ready`` greeting (``environment.worker.confinement`` of the gate's report). What
+that does not cover is said in docs/gate.md ("What native code can still do").
 """
 
 from __future__ import annotations
@@ -36,11 +54,21 @@ import os
 _SYS_CREATE_RULESET, _SYS_ADD_RULE, _SYS_RESTRICT_SELF = 444, 445, 446
 _CREATE_RULESET_VERSION = 1 << 0
 _RULE_PATH_BENEATH = 1
+#: Landlock filesystem rights (linux/landlock.h, "Filesystem flags") the worker's ruleset handles, i.e. refuses
+#: except beneath a folder a rule names: writing (``WRITE_FILE``), removing (``REMOVE_DIR``, ``REMOVE_FILE``) and
+#: creating (``MAKE_CHAR`` … ``MAKE_SYM``, bits 6-12). ``EXECUTE``, ``READ_FILE``, ``READ_DIR`` (bits 0, 2, 3) and
+#: ``IOCTL_DEV`` (ABI 5; CUDA's driver talks to ``/dev/nvidia*`` through ioctls) are not handled: unchanged.
+_FS_WRITE_FILE = 1 << 1
+_FS_REMOVE = (1 << 4) | (1 << 5)
+_FS_MAKE = sum(1 << bit for bit in range(6, 13))
 #: ``LANDLOCK_ACCESS_FS_REFER`` (ABI 2): moving or linking a file to another directory. A domain that handles any
 #: filesystem right refuses that everywhere (``EXDEV``) unless REFER is handled and allowed; Triton renames its
-#: built launcher out of a temporary sub-directory (seen on the H100: "Invalid cross-device link", every CUDA
-#: worker failed to start). So the ruleset handles REFER and allows it beneath ``/``: nothing is refused.
+#: built launcher out of a temporary sub-directory of ``TMPDIR`` into its cache (seen on the H100: "Invalid
+#: cross-device link", every CUDA worker failed to start while REFER was not allowed anywhere). Allowed beneath the
+#: worker's folder, where both are; nowhere else, so no file from outside can be linked or moved into the folder.
 _ACCESS_FS_REFER = 1 << 13
+#: ``LANDLOCK_ACCESS_FS_TRUNCATE`` (ABI 3): ``truncate``/``ftruncate``/``O_TRUNC``. Before ABI 3 not handled.
+_FS_TRUNCATE = 1 << 14
 _PR_SET_DUMPABLE, _PR_SET_NO_NEW_PRIVS = 4, 38
 
 
@@ -87,50 +115,122 @@ def _set_dumpable(libc: ctypes.CDLL, value: int) -> bool:
     return _prctl(libc, _PR_SET_DUMPABLE, value)
 
 
-def confine() -> str:
-    """Enter a new Landlock domain (else become non-dumpable). Returns what was done, for the worker's ``ready``
-    greeting and the gate's report: ``"landlock abi N"``, ``"non-dumpable (…)"`` or ``"none (…)"``. Never raises."""
+def write_rights(abi: int) -> int:
+    """The write-ish filesystem rights a worker's ruleset handles on a kernel of Landlock ABI ``abi`` (≥ 2)."""
+    return _FS_WRITE_FILE | _FS_REMOVE | _FS_MAKE | _ACCESS_FS_REFER | (_FS_TRUNCATE if abi >= 3 else 0)
+
+
+def worker_folders() -> tuple[str, ...]:
+    """The folders a worker may write beneath: its working directory, the private 0700 folder the host made for it,
+    which holds its Inductor, Triton and CUDA caches, its ``TMPDIR``, its log and the files it writes for the host
+    (:func:`tilesmith.gate.host.process.private_environment`)."""
+    return (os.path.realpath(os.getcwd()),)
+
+
+def _rules(abi: int, folders: tuple[str, ...]) -> list[tuple[str, int, bool]]:
+    """``(path, allowed rights, required)`` of the ruleset: the worker's folders (every handled right; required),
+    ``/dev`` (opening devices for writing: ``/dev/null``, CUDA's ``/dev/nvidia*``, ``/dev/pts``) and ``/dev/shm``
+    (POSIX shared memory and semaphores: ``shm_open``, ``sem_open``; Python's ``multiprocessing``, Intel OpenMP;
+    every right but REFER: nothing moves between it and the worker's folder)."""
+    full = write_rights(abi)
+    return ([(folder, full, True) for folder in folders]
+            + [("/dev", _FS_WRITE_FILE | (_FS_TRUNCATE if abi >= 3 else 0), False),
+               ("/dev/shm", full & ~_ACCESS_FS_REFER, False)])
+
+
+def confine(writable: tuple[str, ...] | None = None) -> str:
+    """Enter a new Landlock domain whose writes stay beneath ``writable`` (default :func:`worker_folders`), else
+    become non-dumpable. Returns what was done, for the worker's ``ready`` greeting and the gate's report:
+    ``"landlock abi N (…), writes only beneath the worker's folder, …"``, ``"landlock abi N …, writes not confined
+    (…)"``, ``"non-dumpable (…)"`` or ``"none (…)"``. Never raises."""
+    folders = worker_folders() if writable is None else tuple(writable)
     libc = _libc()
     if libc is None:
-        return "none (no C library through ctypes)"
+        return "none (no C library through ctypes)" + _drop_outside_links(folders)
     abi = landlock_abi()
     why = "Landlock is not available" if abi is None else f"Landlock ABI {abi} has no REFER right (needs ABI 2)"
     if abi is not None and abi >= 2:
         scoped = _SCOPE_ABSTRACT_UNIX_SOCKET | _SCOPE_SIGNAL if abi >= 6 else 0
-        attr = _RulesetAttr(_ACCESS_FS_REFER, 0, scoped)
-        size = ctypes.sizeof(attr) if abi >= 6 else 8  # older kernels take only the fields they know
         if not _prctl(libc, _PR_SET_NO_NEW_PRIVS, 1):
             why = f"PR_SET_NO_NEW_PRIVS failed (errno {ctypes.get_errno()})"
         else:
-            fd = libc.syscall(ctypes.c_long(_SYS_CREATE_RULESET), ctypes.byref(attr), ctypes.c_size_t(size),
-                              ctypes.c_uint32(0))
-            if fd < 0:
-                why = f"landlock_create_ruleset failed (errno {ctypes.get_errno()})"
-            else:
-                try:
-                    why = _allow_everywhere_and_restrict(libc, fd)
-                    if why is None:
-                        return f"landlock abi {abi}" + (" (signals scoped)" if scoped else "") + _no_new_session(libc)
-                finally:
-                    os.close(fd)
+            failed = _restrict(libc, abi, scoped, _rules(abi, folders))
+            if failed is None:
+                return (f"landlock abi {abi}" + (" (signals scoped)" if scoped else "")
+                        + ", writes only beneath the worker's folder"
+                        + ("" if abi >= 3 else " (not truncation: no TRUNCATE right before Landlock ABI 3)")
+                        + _no_new_session(libc))
+            # The write rules could not be set up: the domain of before (ptrace, scope; REFER allowed everywhere).
+            why = failed
+            if _restrict(libc, abi, scoped, [("/", _ACCESS_FS_REFER, True)], handled=_ACCESS_FS_REFER) is None:
+                return (f"landlock abi {abi}" + (" (signals scoped)" if scoped else "")
+                        + f", writes not confined ({failed})" + _drop_outside_links(folders) + _no_new_session(libc))
+    links = _drop_outside_links(folders)
     if _set_dumpable(libc, 0):
-        return f"non-dumpable ({why})"
-    return f"none ({why}; PR_SET_DUMPABLE failed)"
+        return f"non-dumpable ({why})" + links
+    return f"none ({why}; PR_SET_DUMPABLE failed)" + links
 
 
-def _allow_everywhere_and_restrict(libc: ctypes.CDLL, ruleset_fd: int) -> str | None:
-    """Allow REFER beneath ``/`` in the ruleset, then enter it; ``None`` on success, else why not."""
-    root = os.open("/", os.O_PATH | os.O_CLOEXEC)
+def _restrict(libc: ctypes.CDLL, abi: int, scoped: int, rules: list[tuple[str, int, bool]],
+              handled: int | None = None) -> str | None:
+    """Create a ruleset handling ``handled`` (default :func:`write_rights`) and ``scoped``, allow each rule's rights
+    beneath its path (a missing optional path is skipped) and enter it; ``None`` on success, else why not (then
+    nothing changed: the ruleset is entered last)."""
+    attr = _RulesetAttr(write_rights(abi) if handled is None else handled, 0, scoped)
+    size = ctypes.sizeof(attr) if abi >= 6 else 8  # older kernels take only the fields they know
+    fd = libc.syscall(ctypes.c_long(_SYS_CREATE_RULESET), ctypes.byref(attr), ctypes.c_size_t(size),
+                      ctypes.c_uint32(0))
+    if fd < 0:
+        return f"landlock_create_ruleset failed (errno {ctypes.get_errno()})"
     try:
-        rule = _PathBeneathAttr(_ACCESS_FS_REFER, root)
+        for path, rights, required in rules:
+            error = _add_rule(libc, fd, path, rights)
+            if error and required:
+                return f"landlock_add_rule for {path} failed ({error})"
+        if libc.syscall(ctypes.c_long(_SYS_RESTRICT_SELF), ctypes.c_int(fd), ctypes.c_uint32(0)) != 0:
+            return f"landlock_restrict_self failed (errno {ctypes.get_errno()})"
+        return None
+    finally:
+        os.close(fd)
+
+
+def _add_rule(libc: ctypes.CDLL, ruleset_fd: int, path: str, rights: int) -> str | None:
+    """Allow ``rights`` beneath ``path`` in the ruleset; ``None``, else the error."""
+    try:
+        parent = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except OSError as exc:
+        return f"{exc.strerror}"
+    try:
+        rule = _PathBeneathAttr(rights, parent)
         if libc.syscall(ctypes.c_long(_SYS_ADD_RULE), ctypes.c_int(ruleset_fd), ctypes.c_int(_RULE_PATH_BENEATH),
                         ctypes.byref(rule), ctypes.c_uint32(0)) != 0:
-            return f"landlock_add_rule failed (errno {ctypes.get_errno()})"
+            return f"errno {ctypes.get_errno()}"
+        return None
     finally:
-        os.close(root)
-    if libc.syscall(ctypes.c_long(_SYS_RESTRICT_SELF), ctypes.c_int(ruleset_fd), ctypes.c_uint32(0)) != 0:
-        return f"landlock_restrict_self failed (errno {ctypes.get_errno()})"
-    return None
+        os.close(parent)
+
+
+def _drop_outside_links(folders: tuple[str, ...]) -> str:
+    """Where writes are not confined: remove every symbolic link in the worker's private ``TMPDIR`` (only when that is
+    beneath ``folders``: the host made it) that leads outside ``folders``. The host links its precompiled headers there
+    (:func:`tilesmith.gate.host.caches.share_precompiled_headers`), and writing through such a link would change the
+    shared file. Runs before any candidate code exists; the worker then builds its own headers. Returns a suffix for
+    :func:`confine` (empty when nothing was removed)."""
+    roots = tuple(os.path.realpath(f) + os.sep for f in folders)
+    tmp = os.path.realpath(os.environ.get("TMPDIR") or "/")
+    if not tmp.startswith(roots):
+        return ""
+    removed = 0
+    for path, _dirs, files in os.walk(tmp):
+        for name in files:
+            link = os.path.join(path, name)
+            if os.path.islink(link) and not os.path.realpath(link).startswith(roots):
+                try:
+                    os.unlink(link)
+                    removed += 1
+                except OSError:
+                    continue
+    return f", {removed} links to shared files removed" if removed else ""
 
 
 # -- seccomp: no new session or process group ------------------------------------------------------------------
