@@ -236,10 +236,11 @@ def no_compile_caches() -> Any:
     return stack
 
 
-def linear_ln_gate(root: Path, label: str, *, scan_off: bool = False):
-    """A CPU test-mode ``Gate`` on ``LinearLN`` (32×64 fp32 input) under ``root``, for module-scoped fixtures:
-    yields ``(gate, captured, root)`` and closes the gate after. ``scan_off``: the static scan passes every
-    source, so a runtime check must stand on its own."""
+def linear_ln_gate(root: Path, label: str, *, scan_off: bool = False, rows: int = 32, width: int = 64,
+                   control: bool | None = None):
+    """A CPU test-mode ``Gate`` on ``LinearLN`` (``rows``×``width`` fp32 input) under ``root``, for module-scoped
+    fixtures: yields ``(gate, captured, root)`` and closes the gate after. ``scan_off``: the static scan passes every
+    source, so a runtime check must stand on its own; ``control``: ``Gate.control`` (``None``: the gate's default)."""
     import pytest
 
     from tilesmith.gate import Gate
@@ -250,9 +251,11 @@ def linear_ln_gate(root: Path, label: str, *, scan_off: bool = False):
         if scan_off:
             mp.setattr("tilesmith.gate.host.gate.scan", lambda source: [])
         torch.manual_seed(0)
-        cap = capture(LinearLN(), torch.randn(32, 64))[0]
+        cap = capture(LinearLN(width), torch.randn(rows, width))[0]
         problem = make_problem(cap, root / "snapshot", label=label)
         gate = Gate(problem, reference=cap.ref_fn, profiles_dir=root / "profiles", timing_pairs=6)
+        if control is not None:
+            gate.control = control
         try:
             yield gate, cap, root
         finally:

@@ -187,22 +187,14 @@ def _offload_source(src: str, d: int, m: int, nap_ns: int = 8_000_000) -> str:
 
 @pytest.mark.parametrize("control", [False, True])
 def test_work_offloaded_to_a_helper_process_is_not_a_speedup(tmp_path, control):
-    from tilesmith.gate import Gate
-
     d, m = 256, 256
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TILESMITH_ALLOW_CPU", "1")
-        mp.setattr("tilesmith.gate.host.gate.scan", lambda source: [])
-        torch.manual_seed(0)
-        cap = gs.capture(gs.LinearLN(d), torch.randn(m, d))[0]
-        gate = Gate(gs.make_problem(cap, tmp_path / "snapshot", label="rt17b-offload (0_inference)"),
-                    reference=cap.ref_fn, profiles_dir=tmp_path / "profiles", timing_pairs=6)
-        gate.control = control
-        try:
-            verdict = gate.evaluate(Candidate(source=_offload_source(cap.source, d, m), proposer="redteam17b",
-                                              note="offload to a helper process"))
-        finally:
-            gate.close()
+    gen = gs.linear_ln_gate(tmp_path, "rt17b-offload (0_inference)", scan_off=True, rows=m, width=d, control=control)
+    gate, cap, _ = next(gen)
+    try:
+        verdict = gate.evaluate(Candidate(source=_offload_source(cap.source, d, m), proposer="redteam17b",
+                                          note="offload to a helper process"))
+    finally:
+        gen.close()
     assert verdict.status != "accepted", (verdict.timing, verdict.confirmation)
 
 

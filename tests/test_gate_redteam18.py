@@ -65,21 +65,14 @@ def _vfork_source(src: str, d: int, m: int) -> str:
 def test_work_done_by_a_per_call_child_process_is_not_a_speedup(tmp_path, control):
     """Measured (CI VM, CPU test mode, LinearLN 256×256, scan on): accepted at 5.16× (CI low 4.80) and confirmed at
     5.07× with the control off; with the control on 4.88× (vs control 4.89×) and 6.22× (vs control 6.18×)."""
-    from tilesmith.gate import Gate
-
-    d, m = 256, 256
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TILESMITH_ALLOW_CPU", "1")  # the static scan stays on: the kernel spells vfork by token pasting
-        torch.manual_seed(0)
-        cap = gs.capture(gs.LinearLN(d), torch.randn(m, d))[0]
-        gate = Gate(gs.make_problem(cap, tmp_path / "snapshot", label="rt18-vfork (0_inference)"),
-                    reference=cap.ref_fn, profiles_dir=tmp_path / "profiles", timing_pairs=6)
-        gate.control = control
-        try:
-            verdict = gate.evaluate(Candidate(source=_vfork_source(cap.source, d, m), proposer="redteam18",
-                                              note="vfork per call"))
-        finally:
-            gate.close()
+    d, m = 256, 256  # the static scan stays on: the kernel spells vfork by token pasting
+    gen = gs.linear_ln_gate(tmp_path, "rt18-vfork (0_inference)", rows=m, width=d, control=control)
+    gate, cap, _ = next(gen)
+    try:
+        verdict = gate.evaluate(Candidate(source=_vfork_source(cap.source, d, m), proposer="redteam18",
+                                          note="vfork per call"))
+    finally:
+        gen.close()
     print(verdict.status, verdict.reasons, verdict.timing, verdict.confirmation)
     assert verdict.status != "accepted", (verdict.timing, verdict.confirmation)
 
