@@ -17,7 +17,6 @@ import signal
 import time
 
 import pytest
-import torch
 
 from tests import gate_support as gs
 from tests.cheats.common import module_code, replace_body
