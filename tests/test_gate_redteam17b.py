@@ -395,3 +395,21 @@ def test_a_confined_worker_writes_only_beneath_its_folder(tmp_path):
         "inside": "ok", "inside-rename": "ok", "devnull": "ok", "read": "ok",
         **{k: "refused" for k in ("append", "truncate", "create", "unlink", "hardlink-in", "rename-in",
                                   "through-symlink")}}, confined
+
+
+def test_extra_writable_folders_reach_the_worker(tmp_path, monkeypatch):
+    """``TILESMITH_GATE_WRITABLE`` (for a stack that writes outside the worker's folder): the one setting the worker's
+    environment keeps besides the kernel folder, resolved, and added to the folders its Landlock rules allow."""
+    from tilesmith.gate.host.process import worker_environment
+    from tilesmith.gate.worker import confine
+
+    extra, missing = tmp_path / "nv-cache", tmp_path / "absent"
+    extra.mkdir()
+    monkeypatch.setenv("TILESMITH_GATE_WRITABLE", f"{extra}{os.pathsep}{missing}")
+    env = worker_environment(device_type="cpu")
+    assert env["TILESMITH_GATE_WRITABLE"].split(os.pathsep) == [os.path.realpath(extra), os.path.realpath(missing)]
+    monkeypatch.setenv("TILESMITH_GATE_WRITABLE", env["TILESMITH_GATE_WRITABLE"])
+    monkeypatch.chdir(tmp_path)
+    assert confine.worker_folders() == (os.path.realpath(tmp_path), os.path.realpath(extra))
+    monkeypatch.delenv("TILESMITH_GATE_WRITABLE")
+    assert "TILESMITH_GATE_WRITABLE" not in worker_environment(device_type="cpu")

@@ -289,6 +289,11 @@ _SETTINGS = (
             "starting Python for each: a fresh worker in milliseconds rather than seconds. Prototype; 0 starts "
             "every worker with subprocess. Any failure of the fork server falls back to subprocess "
             "(docs/gate.md, \"Workers\")."),
+    Setting("TILESMITH_GATE_WRITABLE", "", _path_list,
+            "Extra folders (os.pathsep-separated) a gate worker may write beneath, besides its own private folder, "
+            "/dev and /dev/shm (the worker's Landlock write rules, docs/gate.md \"What native code can still do\"). "
+            "For a CUDA, driver or compiler stack that writes somewhere else: the worker log then shows "
+            "'Permission denied' for that path. Candidate code can write there too."),
     Setting("TILESMITH_GATE_PAIRS", "30", _positive_int,
             "Paired timing samples (baseline and candidate, order randomized per pair) in each gate phase: "
             "the first measurement and the fresh confirmation each take this many."),

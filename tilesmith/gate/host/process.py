@@ -100,6 +100,9 @@ def worker_environment(environ: dict[str, str] | None = None, device_type: str =
     from tilesmith.kernels.runtime import kernel_dir
 
     clean["TILESMITH_KERNEL_DIR"] = os.path.realpath(kernel_dir(env))
+    extra = settings.get("TILESMITH_GATE_WRITABLE", env)
+    if extra:  # the user's extra writable folders (tilesmith.gate.worker.confine.worker_folders)
+        clean["TILESMITH_GATE_WRITABLE"] = os.pathsep.join(os.path.realpath(p) for p in extra)
     root = str(Path(tilesmith.__file__).resolve().parent.parent)
     clean["PYTHONPATH"] = os.pathsep.join([root] + ([clean["PYTHONPATH"]] if clean.get("PYTHONPATH") else []))
     clean.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")

@@ -123,8 +123,10 @@ def write_rights(abi: int) -> int:
 def worker_folders() -> tuple[str, ...]:
     """The folders a worker may write beneath: its working directory, the private 0700 folder the host made for it,
     which holds its Inductor, Triton and CUDA caches, its ``TMPDIR``, its log and the files it writes for the host
-    (:func:`tilesmith.gate.host.process.private_environment`)."""
-    return (os.path.realpath(os.getcwd()),)
+    (:func:`tilesmith.gate.host.process.private_environment`), plus the user's ``TILESMITH_GATE_WRITABLE`` folders
+    (passed on by :func:`tilesmith.gate.host.process.worker_environment`; for a stack that writes elsewhere)."""
+    extra = [p for p in os.environ.get("TILESMITH_GATE_WRITABLE", "").split(os.pathsep) if p.strip()]
+    return (os.path.realpath(os.getcwd()),) + tuple(os.path.realpath(p) for p in extra if os.path.isdir(p))
 
 
 def _rules(abi: int, folders: tuple[str, ...]) -> list[tuple[str, int, bool]]:
