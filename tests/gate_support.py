@@ -262,6 +262,19 @@ def linear_ln_gate(root: Path, label: str, *, scan_off: bool = False, rows: int 
             gate.close()
 
 
+def evaluate_once(root: Path, label: str, make_source: Callable[[str], str], note: str, **gate_options: Any) -> Any:
+    """One candidate (``make_source(original source)``) through a fresh :func:`linear_ln_gate` (``gate_options``:
+    its keywords); returns the verdict."""
+    from tilesmith.records import Candidate
+
+    gen = linear_ln_gate(root, label, **gate_options)
+    gate, cap, _ = next(gen)
+    try:
+        return gate.evaluate(Candidate(source=make_source(cap.source), proposer="redteam", note=note))
+    finally:
+        gen.close()
+
+
 def chain_gate(chain: Captured, root: Path, label: str):
     """A CPU test-mode ``Gate`` on the captured :class:`Chain` under ``root`` (2 % threshold, 10 pairs), for
     module-scoped fixtures: yields the gate and closes it after."""

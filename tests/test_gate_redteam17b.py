@@ -187,13 +187,8 @@ def _offload_source(src: str, d: int, m: int, nap_ns: int = 8_000_000) -> str:
 @pytest.mark.parametrize("control", [False, True])
 def test_work_offloaded_to_a_helper_process_is_not_a_speedup(tmp_path, control):
     d, m = 256, 256
-    gen = gs.linear_ln_gate(tmp_path, "rt17b-offload (0_inference)", scan_off=True, rows=m, width=d, control=control)
-    gate, cap, _ = next(gen)
-    try:
-        verdict = gate.evaluate(Candidate(source=_offload_source(cap.source, d, m), proposer="redteam17b",
-                                          note="offload to a helper process"))
-    finally:
-        gen.close()
+    verdict = gs.evaluate_once(tmp_path, "rt17b-offload (0_inference)", lambda src: _offload_source(src, d, m),
+                               "offload to a helper process", scan_off=True, rows=m, width=d, control=control)
     assert verdict.status != "accepted", (verdict.timing, verdict.confirmation)
 
 

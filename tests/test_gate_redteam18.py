@@ -66,13 +66,8 @@ def test_work_done_by_a_per_call_child_process_is_not_a_speedup(tmp_path, contro
     """Measured (CI VM, CPU test mode, LinearLN 256×256, scan on): accepted at 5.16× (CI low 4.80) and confirmed at
     5.07× with the control off; with the control on 4.88× (vs control 4.89×) and 6.22× (vs control 6.18×)."""
     d, m = 256, 256  # the static scan stays on: the kernel spells vfork by token pasting
-    gen = gs.linear_ln_gate(tmp_path, "rt18-vfork (0_inference)", rows=m, width=d, control=control)
-    gate, cap, _ = next(gen)
-    try:
-        verdict = gate.evaluate(Candidate(source=_vfork_source(cap.source, d, m), proposer="redteam18",
-                                          note="vfork per call"))
-    finally:
-        gen.close()
+    verdict = gs.evaluate_once(tmp_path, "rt18-vfork (0_inference)", lambda src: _vfork_source(src, d, m),
+                               "vfork per call", rows=m, width=d, control=control)
     print(verdict.status, verdict.reasons, verdict.timing, verdict.confirmation)
     assert verdict.status != "accepted", (verdict.timing, verdict.confirmation)
 
