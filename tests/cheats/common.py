@@ -12,7 +12,8 @@ _RETURN = re.compile(r"^([ \t]*)return \((.*)\)[ \t]*$", re.M)
 
 @dataclass(frozen=True)
 class Cheat:
-    """One cheating candidate: how to derive it, and the check id and status the gate must answer."""
+    """One cheating candidate: how to derive it, and the check id (or ids, ``|``-separated, when what the candidate
+    returns depends on the allocator: any one of them) and status the gate must answer."""
 
     name: str
     graph: str

@@ -219,7 +219,9 @@ def native_thread_at_first_call(src: str) -> str:
 
 
 CHEATS = [
-    Cheat("stale_reference_memory", "ln", stale_empty, "uninitialized_output", "rejected_incorrect",
+    # When the allocator hands back the reference's freed block the values are right and only the poisoned run tells;
+    # when it does not (seen once, the 2-core machine under a second test run), the values are wrong at once.
+    Cheat("stale_reference_memory", "ln", stale_empty, "uninitialized_output|value_mismatch", "rejected_incorrect",
           "returns torch.empty_like without computing (reference's freed memory)"),
     Cheat("uninitialized_output", "ln", uninitialized, "uninitialized_output", "rejected_incorrect",
           "returns a wrapper-allocated buffer nothing writes"),
