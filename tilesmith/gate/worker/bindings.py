@@ -107,12 +107,20 @@ def fast_saves() -> None:
         save.compute_crc32 = False
 
 
+def not_plain(outs: Any) -> str | None:
+    """Why ``outs`` is not what a wrapper's ``call`` returns, exactly a ``tuple`` or ``list``
+    (:func:`tilesmith.gate.layout.plain_sequence`), or ``None``. Looks at the type only: runs none of its code."""
+    if plain_sequence(outs) is None:
+        return f"the wrapper returned {type(outs).__module__}.{type(outs).__qualname__}, not a tuple or list"
+    return None
+
+
 def against_expected(outs: Any, expected: list[dict[str, Any]]) -> str | None:
     """Why ``outs`` cannot be the original's outputs (count, types, shapes, dtypes), or ``None``."""
-    items = plain_sequence(outs)
-    if items is None:
-        return f"the wrapper returned {type(outs).__module__}.{type(outs).__qualname__}, not a tuple or list"
-    outs = items
+    problem = not_plain(outs)
+    if problem:
+        return problem
+    outs = list(outs)
     if len(outs) != len(expected):
         return f"{len(outs)} outputs, expected {len(expected)}"
     for i, (o, e) in enumerate(zip(outs, expected)):

@@ -125,7 +125,9 @@ def worker_folders() -> tuple[str, ...]:
     which holds its Inductor, Triton and CUDA caches, its ``TMPDIR``, its log and the files it writes for the host
     (:func:`tilesmith.gate.host.process.private_environment`), plus the user's ``TILESMITH_GATE_WRITABLE`` folders
     (passed on by :func:`tilesmith.gate.host.process.worker_environment`; for a stack that writes elsewhere)."""
-    extra = [p for p in os.environ.get("TILESMITH_GATE_WRITABLE", "").split(os.pathsep) if p.strip()]
+    from tilesmith import settings
+
+    extra = settings.get("TILESMITH_GATE_WRITABLE") or ()
     return (os.path.realpath(os.getcwd()),) + tuple(os.path.realpath(p) for p in extra if os.path.isdir(p))
 
 
@@ -273,11 +275,18 @@ def _no_new_session(libc: ctypes.CDLL) -> str:
                (jeq, 1, 0, setpgid),           # 6: → 8
                (ret, 0, 0, _RET_ALLOW),        # 7
                (ret, 0, 0, _RET_EPERM)]        # 8
-    filters = (_SockFilter * len(program))(*[_SockFilter(*op) for op in program])
-    prog = _SockFprog(len(program), filters)
-    if not _prctl(libc, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(prog)):
+    if not _load_filter(libc, program):
         return f", seccomp filter refused (errno {ctypes.get_errno()})"
     return ", no new sessions (seccomp)"
+
+
+def _load_filter(libc: ctypes.CDLL, program: list[tuple[int, int, int, int]]) -> bool:
+    """Install the classic-BPF ``program`` (``(code, jt, jf, k)`` rows) as a seccomp filter of this process (and its
+    future children), after ``PR_SET_NO_NEW_PRIVS``, which an unprivileged filter needs; whether both worked."""
+    filters = (_SockFilter * len(program))(*[_SockFilter(*op) for op in program])
+    prog = _SockFprog(len(program), filters)
+    return _prctl(libc, _PR_SET_NO_NEW_PRIVS, 1) and _prctl(libc, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER,
+                                                            ctypes.byref(prog))
 
 
 def protect_zygote() -> str:
@@ -328,9 +337,6 @@ def no_new_processes() -> str:
                (ret, 0, 0, _RET_ENOSYS),       # 11
                (ret, 0, 0, _RET_EPERM),        # 12
                (ret, 0, 0, _RET_ALLOW)]        # 13
-    filters = (_SockFilter * len(program))(*[_SockFilter(*op) for op in program])
-    prog = _SockFprog(len(program), filters)
-    if not _prctl(libc, _PR_SET_NO_NEW_PRIVS, 1) or not _prctl(libc, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER,
-                                                               ctypes.byref(prog)):
+    if not _load_filter(libc, program):
         return f"not refused (seccomp filter refused, errno {ctypes.get_errno()})"
     return "refused (seccomp)"

@@ -48,7 +48,7 @@ import torch
 from tilesmith.gate.inputs import distinct_capacity, fill_set, static_indices
 from tilesmith.gate.layout import plain_sequence
 from tilesmith.gate.worker import confine
-from tilesmith.gate.worker.bindings import T, against_expected, compact_cpu, save_new
+from tilesmith.gate.worker.bindings import T, against_expected, compact_cpu, not_plain, save_new
 from tilesmith.gate.worker.runtime import InputSet, memory_facts, sync
 
 
@@ -205,10 +205,9 @@ def _sample(worker: Any, msg: dict[str, Any]) -> dict[str, Any]:
         T.manual_seed(int(msg.get("seed", r)))
         ms, wall, outs = _timed(worker.device, session.flush, session.arms[a].fn, argsets)
     # Every call's result, picked or not, after the clock: a tuple subclass could do its work when read.
-    odd = next((j for j, out in enumerate(outs) if plain_sequence(out) is None), None)
+    odd = next(((j, why) for j, why in enumerate(map(not_plain, outs)) if why), None)
     if odd is not None and session.refused is None:
-        session.refused = (f"round {r}, arm {a}, call {odd}: the wrapper returned {type(outs[odd]).__module__}."
-                           f"{type(outs[odd]).__qualname__}, not a tuple or list")
+        session.refused = f"round {r}, arm {a}, call {odd[0]}: {odd[1]}"
     session.held = (r, a, outs)
     del outs
     return {"ok": True, "ms": ms, "wall_ms": wall}
