@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests import gate_support as gs
-from tests.cheats.common import after_clear, before_return, module_code
+from tests.cheats.common import after_clear, before_return, module_code, with_kernel
 from tilesmith.records import Candidate
 
 #: MKL's verbose mode (``torch._C._verbose.mkl_set_verbose``): process-global, no getter, not probed by
@@ -135,8 +135,7 @@ def test_a_forked_candidate_cannot_change_what_later_forked_workers_inherit(fork
     _confinement_can_hold()
     gate, cap, _ = forked_ln
     clean = torch.version.git_version
-    source = module_code(cap.source.replace("async_compile.wait(globals())",
-                                            POKE_KERNEL + "async_compile.wait(globals())", 1), POKE_CALL)
+    source = module_code(with_kernel(cap.source, POKE_KERNEL), POKE_CALL)
     first = gate.evaluate(Candidate(source=source, proposer="redteam17", note="poke the zygote"))
     assert first.status != "accepted", first.reasons
     seen = []

@@ -19,7 +19,7 @@ import time
 import pytest
 
 from tests import gate_support as gs
-from tests.cheats.common import module_code, replace_body
+from tests.cheats.common import linear_ln_native, module_code, with_kernel
 from tilesmith.records import Candidate
 
 #: mode 1: ``kill(getppid(), SIGUSR1)`` (the worker's parent is the host: the user's process).
@@ -56,9 +56,7 @@ extern "C" void kernel(int64_t mode, int64_t arg) {
 
 
 def _with_kernel(src: str, call: str, marker: str = "") -> str:
-    src = src.replace("async_compile.wait(globals())", KERNEL.replace("@MARKER@", marker) +
-                      "async_compile.wait(globals())", 1)
-    return module_code(src, call)
+    return module_code(with_kernel(src, KERNEL.replace("@MARKER@", marker)), call)
 
 
 @pytest.fixture(scope="module")
@@ -145,12 +143,7 @@ static void helper(int parent) {
             float acc[D];
             for (int j = 0; j < D; ++j) acc[j] = b[j];
             for (int k = 0; k < D; ++k) { float xa = x[i * D + k]; const float *r = wt + k * D; for (int j = 0; j < D; ++j) acc[j] += xa * r[j]; }
-            double mean = 0, var = 0, h[D];
-            for (int j = 0; j < D; ++j) { h[j] = (acc[j] > 0 ? acc[j] : 0) + x[i * D + j]; mean += h[j]; }
-            mean /= D;
-            for (int j = 0; j < D; ++j) var += (h[j] - mean) * (h[j] - mean);
-            double rstd = 1.0 / sqrt(var / D + 1e-5);
-            for (int j = 0; j < D; ++j) o[i * D + j] = (float)((h[j] - mean) * rstd * g[j] + be[j] + 0.5);
+@LN_ROW@
         }
         seen = s;
         __atomic_store_n(done(), s, __ATOMIC_RELEASE);
@@ -177,11 +170,7 @@ extern "C" void kernel(const float *w, const float *b, const float *x, const flo
 
 
 def _offload_source(src: str, d: int, m: int, nap_ns: int = 8_000_000) -> str:
-    src = src.replace("async_compile.wait(globals())", OFFLOAD.replace("@D@", str(d)).replace("@M@", str(m))
-                      .replace("@NAP@", str(nap_ns)) + "async_compile.wait(globals())", 1)
-    return replace_body(src, [f"buf4 = empty_strided_cpu(({m}, {d}), ({d}, 1), torch.float32)",
-                              "cpp_offload(arg0_1, arg1_1, arg2_1, arg3_1, arg4_1, buf4)",
-                              "return (buf4, )"])
+    return linear_ln_native(src, OFFLOAD, "cpp_offload", d, m, NAP=str(nap_ns))
 
 
 @pytest.mark.parametrize("control", [False, True])
@@ -242,8 +231,7 @@ def test_a_candidate_cannot_change_the_hosts_precompiled_headers(tmp_path):
         gen = gs.linear_ln_gate(tmp_path / "gate", "rt17b-header (0_inference)", scan_off=True)
         gate, cap, _ = next(gen)
         try:
-            src = cap.source.replace("async_compile.wait(globals())",
-                                     HEADER_KERNEL.replace("@REL@", rel) + "async_compile.wait(globals())", 1)
+            src = with_kernel(cap.source, HEADER_KERNEL.replace("@REL@", rel))
             verdict = gate.evaluate(Candidate(source=module_code(src, "cpp_hdr(0)"), proposer="redteam17b",
                                               note="append to the linked headers"))
         finally:
@@ -298,7 +286,7 @@ def _poison_template_source(src: str) -> str:
     k = block.rindex("}\n'''")
     evil = block[:k] + "    in_out_ptr0[0] = 12345.0f;\n" + block[k:]
     evil = evil.replace(name, "cpp_evil", 1)
-    src = src.replace("async_compile.wait(globals())", evil + "\n" + TEMPLATE_COPY + "async_compile.wait(globals())", 1)
+    src = with_kernel(src, evil + "\n" + TEMPLATE_COPY)
     return module_code(src, "_b = lambda s: torch.tensor(list(s.encode()) + [0], dtype=torch.uint8)\n"
                             f"cpp_copy(_b(cpp_evil.__self__.__file__), _b({name}.__self__.__file__))")
 

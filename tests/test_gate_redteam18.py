@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests import gate_support as gs
-from tests.cheats.common import replace_body
+from tests.cheats.common import linear_ln_native
 from tilesmith.records import Candidate
 
 
@@ -34,12 +34,7 @@ static void work(const float *w, const float *b, const float *x, const float *g,
     for (int i = 0; i < M; ++i) {
         float acc[D];
         for (int j = 0; j < D; ++j) { float s = b[j]; for (int k = 0; k < D; ++k) s += x[i * D + k] * w[j * D + k]; acc[j] = s; }
-        double mean = 0, var = 0, h[D];
-        for (int j = 0; j < D; ++j) { h[j] = (acc[j] > 0 ? acc[j] : 0) + x[i * D + j]; mean += h[j]; }
-        mean /= D;
-        for (int j = 0; j < D; ++j) var += (h[j] - mean) * (h[j] - mean);
-        double rstd = 1.0 / sqrt(var / D + 1e-5);
-        for (int j = 0; j < D; ++j) o[i * D + j] = (float)((h[j] - mean) * rstd * g[j] + be[j] + 0.5);
+@LN_ROW@
     }
 }
 #define PASTE(a, b) a##b
@@ -54,11 +49,7 @@ extern "C" void kernel(const float *w, const float *b, const float *x, const flo
 
 
 def _vfork_source(src: str, d: int, m: int) -> str:
-    src = src.replace("async_compile.wait(globals())", VFORK.replace("@D@", str(d)).replace("@M@", str(m)) +
-                      "async_compile.wait(globals())", 1)
-    return replace_body(src, [f"buf4 = empty_strided_cpu(({m}, {d}), ({d}, 1), torch.float32)",
-                              "cpp_vfork(arg0_1, arg1_1, arg2_1, arg3_1, arg4_1, buf4)",
-                              "return (buf4, )"])
+    return linear_ln_native(src, VFORK, "cpp_vfork", d, m)
 
 
 @pytest.mark.parametrize("control", [False, True])

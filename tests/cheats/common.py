@@ -76,6 +76,35 @@ def replace_body(src: str, lines: list[str]) -> str:
     return src[:end] + "".join(f"{indent}{line}\n" for line in lines) + src[match.end() + 1:]
 
 
+def with_kernel(src: str, kernel: str) -> str:
+    """``kernel`` (a kernel definition such as ``name = async_compile.cpp_pybinding(...)``) placed just before the
+    wrapper's ``async_compile.wait(globals())``, where Inductor's own kernels are defined."""
+    wait = "async_compile.wait(globals())"
+    return src.replace(wait, kernel + wait, 1)
+
+
+#: C statements that finish row ``i`` of the ``LinearLN`` test graph (``LayerNorm(relu(x @ W.T + b) + x) + 0.5``, eps
+#: 1e-5) from ``acc[D]`` (that row of ``x @ W.T + b``) into ``o``, given ``x``, ``g`` and ``be``: the red-team kernels
+#: that compute the graph natively share it.
+LINEAR_LN_ROW_C = """
+            double mean = 0, var = 0, h[D];
+            for (int j = 0; j < D; ++j) { h[j] = (acc[j] > 0 ? acc[j] : 0) + x[i * D + j]; mean += h[j]; }
+            mean /= D;
+            for (int j = 0; j < D; ++j) var += (h[j] - mean) * (h[j] - mean);
+            double rstd = 1.0 / sqrt(var / D + 1e-5);
+            for (int j = 0; j < D; ++j) o[i * D + j] = (float)((h[j] - mean) * rstd * g[j] + be[j] + 0.5);"""
+
+
+def linear_ln_native(src: str, kernel: str, name: str, d: int, m: int, **fill: str) -> str:
+    """The ``LinearLN`` wrapper (``m``×``d``) whose call is one native kernel ``name(w, b, x, g, be, out)`` defined by
+    ``kernel`` (``@D@``, ``@M@``, ``@LN_ROW@`` (:data:`LINEAR_LN_ROW_C`) and ``@KEY@`` for each ``fill`` key filled)."""
+    for key, value in {"D": str(d), "M": str(m), "LN_ROW": LINEAR_LN_ROW_C, **fill}.items():
+        kernel = kernel.replace(f"@{key}@", value)
+    return replace_body(with_kernel(src, kernel), [f"buf4 = empty_strided_cpu(({m}, {d}), ({d}, 1), torch.float32)",
+                                                   f"{name}(arg0_1, arg1_1, arg2_1, arg3_1, arg4_1, buf4)",
+                                                   "return (buf4, )"])
+
+
 def module_code(src: str, code: str) -> str:
     """Top-level code just before ``class Runner`` (it runs when the module is imported)."""
     i = src.index("class Runner")
