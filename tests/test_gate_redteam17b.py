@@ -396,3 +396,38 @@ def test_extra_writable_folders_reach_the_worker(tmp_path, monkeypatch):
     assert confine.worker_folders() == (os.path.realpath(tmp_path), os.path.realpath(extra))
     monkeypatch.delenv("TILESMITH_GATE_WRITABLE")
     assert "TILESMITH_GATE_WRITABLE" not in worker_environment(device_type="cpu")
+
+
+_NO_LANDLOCK_PROBE = r"""
+import os, sys, importlib.util
+spec = importlib.util.spec_from_file_location("confine", sys.argv[1])
+confine = importlib.util.module_from_spec(spec); spec.loader.exec_module(confine)
+confine.landlock_abi = lambda: None  # a kernel without Landlock
+os.chdir(sys.argv[2])
+print("confinement:", confine.confine())
+try:
+    os.setsid(); print("setsid ok")
+except OSError as exc:
+    print("setsid refused", exc.errno)
+"""
+
+
+def test_without_landlock_the_worker_still_cannot_leave_its_session(tmp_path):
+    """The setsid/setpgid seccomp filter does not depend on Landlock: on a kernel without it (simulated: ``landlock_abi``
+    answers ``None``) ``confine()`` takes the non-dumpable path and still installs the filter, so a forked helper
+    cannot leave the process group the host stops and kills (red team 17b's helper, on such a kernel)."""
+    import errno
+    import subprocess
+    import sys
+
+    from tilesmith.gate.worker import confine
+
+    if confine._SECCOMP_ABI.get(os.uname().machine) is None:
+        pytest.skip("no seccomp filter for this machine type")
+    path = str(Path(__file__).resolve().parents[1] / "tilesmith" / "gate" / "worker" / "confine.py")
+    # The probe leads no process group, so an unfiltered setsid() succeeds: the mutant without the filter fails here.
+    out = subprocess.run([sys.executable, "-c", _NO_LANDLOCK_PROBE, path, str(tmp_path)], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "non-dumpable (Landlock is not available)" in out.stdout and "no new sessions (seccomp)" in out.stdout, out.stdout
+    assert f"setsid refused {errno.EPERM}" in out.stdout, out.stdout

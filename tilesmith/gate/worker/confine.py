@@ -40,7 +40,8 @@ every process the worker starts stays in its session and process group, where th
 Without Landlock ABI ≥ 2 (kernels before 5.19, Landlock not in the kernel's LSM list) the worker makes itself
 non-dumpable (``PR_SET_DUMPABLE`` 0): other processes of the same user can then not trace it unless they hold
 ``CAP_SYS_PTRACE`` (root does), and the fork server's zygote does the same (:func:`protect_zygote`); its writes are
-not confined, so it removes the symbolic links to shared files from its folder first (:func:`_drop_outside_links`).
+not confined, so it removes the symbolic links to shared files from its folder first (:func:`_drop_outside_links`);
+the seccomp filter does not need Landlock and is installed there too.
 The result is in the worker's ``ready`` greeting (``environment.worker.confinement`` of the gate's report). What
 that does not cover is said in docs/gate.md ("What native code can still do").
 """
@@ -171,8 +172,8 @@ def confine(writable: tuple[str, ...] | None = None) -> str:
                         + f", writes not confined ({failed})" + _drop_outside_links(folders) + _no_new_session(libc))
     links = _drop_outside_links(folders)
     if _set_dumpable(libc, 0):
-        return f"non-dumpable ({why})" + links
-    return f"none ({why}; PR_SET_DUMPABLE failed)" + links
+        return f"non-dumpable ({why})" + links + _no_new_session(libc)
+    return f"none ({why}; PR_SET_DUMPABLE failed)" + links + _no_new_session(libc)
 
 
 def _restrict(libc: ctypes.CDLL, abi: int, scoped: int, rules: list[tuple[str, int, bool]],
