@@ -12,8 +12,10 @@ One run (a few minutes on the H200):
    reports that process's cached-load time;
 3. checks each kernel against a float64 reference at the timed shape;
 4. times, per pattern, the native kernel, ``torch.compile`` (default) and ``torch.compile(mode=
-   "max-autotune-no-cudagraphs")`` of the same function — L2 flushed (a 256 MB write) before every call and
-   only the call between the CUDA events; the arms interleaved in rounds whose order rotates; each arm's
+   "max-autotune-no-cudagraphs")`` of the same function — L2 flushed before every call (``--flush``: ``clean``,
+   a 256 MiB read, and ``dirty``, a 256 MiB write, which leaves modified lines the timed call must write back;
+   each timed separately, the first decides the criteria: :func:`make_flush`) and only the call between the CUDA
+   events; the arms interleaved in rounds whose order rotates; each arm's
    round value is the median of its calls; the reported ratios are medians of per-round ratios with a 95 %
    percentile-bootstrap interval (``tilesmith.gate.host.stats.paired_speedup``);
 5. prints a short table last and writes everything to ``--out`` (JSON).
@@ -167,9 +169,30 @@ def check(got: list[torch.Tensor], want: list[torch.Tensor], dtype: torch.dtype)
     return {"ok": ok, "max_abs_err": worst_abs, "max_rel_err": worst_rel, "rtol": rtol, "atol": atol}
 
 
-def time_arms(arms: dict[str, Any], rounds: int, calls: int) -> dict[str, list[float]]:
-    """Per-arm per-round medians (ms) of single calls, L2 flushed before each, arms rotated per round."""
-    flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+def show(d: dict[str, float]) -> str:
+    """A ratio record as ``median [low,high]``."""
+    return f"{d['median']:.2f} [{d['ci_low']:.2f},{d['ci_high']:.2f}]"
+
+
+def make_flush(mode: str):
+    """The L2 flush run before every timed call. ``dirty``: zero a 256 MiB buffer (the suite's flush,
+    bench/harness.py) — it leaves the L2 full of *modified* lines, which the timed call then writes back to DRAM
+    while it streams its own bytes (up to the L2's size: 50 MB on an H100, a large share of a 58.7 MB GEMV's
+    traffic, none of which the floor counts). ``clean``: read a 256 MiB buffer written once at set-up (a sum) —
+    the L2 is then as cold but holds only clean lines, so the timed call moves only its own bytes, which is
+    what the floor (bytes it must move / copy bandwidth) assumes."""
+    buf = torch.ones(FLUSH_BYTES // 4, dtype=torch.float32, device="cuda")
+    if mode == "dirty":
+        return buf.zero_
+    if mode == "clean":
+        return lambda: buf.sum()
+    raise ValueError(f"flush mode {mode!r}: clean or dirty")
+
+
+def time_arms(arms: dict[str, Any], rounds: int, calls: int, flush_mode: str = "dirty") -> dict[str, list[float]]:
+    """Per-arm per-round medians (ms) of single calls, L2 flushed before each (:func:`make_flush`), arms
+    rotated per round."""
+    flush = make_flush(flush_mode)
     names = list(arms)
     for name in names:  # warm-up (compilation, autotuning, first-call allocations)
         for _ in range(3):
@@ -182,7 +205,7 @@ def time_arms(arms: dict[str, Any], rounds: int, calls: int) -> dict[str, list[f
         for name in order:
             fn = arms[name]
             for start, end in events:
-                flush.zero_()
+                flush()
                 start.record()
                 fn()
                 end.record()
@@ -218,7 +241,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", type=int, default=20, help="timed calls per arm per round (median taken)")
     ap.add_argument("--fresh-build", action="store_true", help="build into a new, empty kernel directory")
     ap.add_argument("--only", default="", help="comma-separated pattern names (default: all)")
+    ap.add_argument("--flush", default="clean,dirty",
+                    help="L2 flush modes before each call, comma-separated (make_flush); the first decides the "
+                         "criteria, the others are reported beside it")
     args = ap.parse_args(argv)
+    flushes = [f for f in args.flush.split(",") if f]
+    for f in flushes:
+        if f not in ("clean", "dirty"):
+            ap.error(f"--flush {f!r}: clean or dirty")
     if not torch.cuda.is_available():
         print("bench/kernels.py needs a CUDA device", file=sys.stderr)
         return 2
@@ -276,8 +306,6 @@ def main(argv: list[str] | None = None) -> int:
             correctness[arm] = check(as_list(out), [t.double() for t in as_list(native["native"]())], pat["dtype"])
             compiled[arm] = (lambda f=fn, xs=pat["inputs"]: f(*xs))
         arms = {**native, **compiled}
-        with torch.no_grad():
-            samples = time_arms(arms, args.rounds, args.calls)
         floor_ms = pat["bytes"] / (limits.copy_gbps * 1e9) * 1e3
         floor = [floor_ms] * args.rounds
 
@@ -285,19 +313,25 @@ def main(argv: list[str] | None = None) -> int:
             st = paired_speedup(num, den)
             return {"median": st.speedup, "ci_low": st.ci_low, "ci_high": st.ci_high}
 
-        median = {k: sorted(v)[len(v) // 2] for k, v in samples.items()}
+        by_flush = {}
+        for mode in flushes:  # each flush mode timed separately, the arms interleaved within it
+            with torch.no_grad():
+                samples = time_arms(arms, args.rounds, args.calls, mode)
+            by_flush[mode] = {"median_ms": {k: sorted(v)[len(v) // 2] for k, v in samples.items()},
+                              "samples_ms": samples,
+                              "native_over_floor": ratio(samples["native"], floor),
+                              "inductor_over_native": ratio(samples["inductor"], samples["native"]),
+                              "max_autotune_over_native": ratio(samples["max_autotune"], samples["native"])}
+            m = by_flush[mode]["median_ms"]
+            print(f"{pat['name']} ({mode} L2): floor {floor_ms:.4f} ms, native {m['native']:.4f} ms "
+                  f"({by_flush[mode]['native_over_floor']['median']:.2f}x), inductor {m['inductor']:.4f} ms, "
+                  f"max-autotune {m['max_autotune']:.4f} ms", flush=True)
         entry = {"name": pat["name"], "shape": pat["shape"], "bytes": pat["bytes"], "floor_ms": floor_ms,
-                 "kernel": pat["kernel"], "median_ms": median, "samples_ms": samples, "compile_s": compile_s,
-                 "correctness": correctness,
-                 "native_over_floor": ratio(samples["native"], floor),
-                 "inductor_over_native": ratio(samples["inductor"], samples["native"]),
-                 "max_autotune_over_native": ratio(samples["max_autotune"], samples["native"]),
+                 "kernel": pat["kernel"], "compile_s": compile_s, "correctness": correctness, "flush": flushes[0],
+                 **by_flush[flushes[0]], "by_flush": {k: v for k, v in by_flush.items() if k != flushes[0]},
                  "wall_s": time.perf_counter() - p0}
         result["patterns"].append(entry)
         rows.append(entry)
-        print(f"{pat['name']}: floor {floor_ms:.4f} ms, native {median['native']:.4f} ms, inductor "
-              f"{median['inductor']:.4f} ms, max-autotune {median['max_autotune']:.4f} ms "
-              f"({entry['wall_s']:.0f} s)", flush=True)
         del compiled, arms
         torch._dynamo.reset()
         torch.cuda.empty_cache()
@@ -314,20 +348,19 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).write_text(json.dumps(result, indent=1))
 
     print(f"\nnative kernels vs floor and torch.compile ({result['device']}, copy {limits.copy_gbps:.0f} GB/s, "
-          f"{args.rounds} rounds x {args.calls} calls, L2 flushed; ratios: median of per-round ratios [95% CI])")
+          f"{args.rounds} rounds x {args.calls} calls, {flushes[0]} L2 flush; ratios: median of per-round ratios [95% CI])")
     print(f"{'pattern':26s} {'floor ms':>9s} {'native ms':>10s} {'x floor':>18s} {'inductor ms':>12s} {'x native':>18s}"
           f" {'max-at ms':>10s} {'x native':>18s}  ok")
     for e in rows:
         m = e["median_ms"]
-
-        def show(d: dict[str, float]) -> str:
-            return f"{d['median']:.2f} [{d['ci_low']:.2f},{d['ci_high']:.2f}]"
-
         ok = all(c["ok"] for c in e["correctness"].values())
         print(f"{e['name']:26s} {e['floor_ms']:9.4f} {m['native']:10.4f} {show(e['native_over_floor']):>18s} "
               f"{m['inductor']:12.4f} {show(e['inductor_over_native']):>18s} {m['max_autotune']:10.4f} "
               f"{show(e['max_autotune_over_native']):>18s}  {'yes' if ok else 'NO'}")
     for e in rows:
+        for mode, other in e["by_flush"].items():
+            print(f"{e['name']} with the {mode} flush: native {other['median_ms']['native']:.4f} ms = "
+                  f"{show(other['native_over_floor'])} x floor")
         extra = ", ".join(f"{k} {v:.4f} ms" for k, v in e["median_ms"].items() if k.startswith("native_"))
         if extra:
             print(f"{e['name']}: auto picks {e['kernel']}; forced variants: {extra}")
