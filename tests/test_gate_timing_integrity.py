@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from tests.cheats import redteam_timing as rt
-from tilesmith.gate.host import stats, timing
+from tilesmith.gate.host import spots, stats, timing
 from tilesmith.gate.host.reference import RefResult
 from tilesmith.gate.host.timing import choose_k
 from tilesmith.gate.inputs import call_values, distinct_capacity, fill_set, roll_finite_
@@ -130,7 +130,7 @@ def _evaluate(cand: Any, tmp_path: Path, k: int = K, rounds: int = ROUNDS, stati
         worker.close()
     assert answer["ok"], answer
     ref_expected = RefResult(list(_reference([v.clone() for v in pool_values[0]])), [])
-    fails = timing.spot_failures(answer, sched, list(pool), _Ref(pool), ref_expected, tf32=False, uses_rng=False)
+    fails = spots.spot_failures(answer, sched, list(pool), _Ref(pool), ref_expected, tf32=False, uses_rng=False)
     return answer, sched, fails
 
 

@@ -49,7 +49,7 @@ from tilesmith import settings
 from tilesmith.errors import WorkerError
 from tilesmith.gate import torchstate
 from tilesmith.gate.host import report as reports
-from tilesmith.gate.host import standby, stats, timing
+from tilesmith.gate.host import standby, stats, timing, verdicts
 from tilesmith.gate.host.compare import TOLERANCES
 from tilesmith.gate.host.memory import MemoryPlan, plan_from
 from tilesmith.gate.host.phase import PhaseConfig, PhaseResult, Variants, run_phase, status_for
@@ -60,11 +60,7 @@ from tilesmith.gate.host.reference import RefResult, TrustedReference
 from tilesmith.gate.host.static_scan import findings_to_failures, scan
 from tilesmith.gate.host.timing import SAMPLE_MAX_MS, SAMPLE_TARGET_MS
 from tilesmith.gate.inputs import accumulates, recipe
-from tilesmith.secrets import redact
 from tilesmith.records import Candidate, CheckFailure, Verdict
-
-_MAX_REASONS = 8
-
 
 def _cleanup(workers: list[WorkerProcess], directory: str) -> None:
     for worker in list(workers):
@@ -515,57 +511,15 @@ class Gate:
                 leftover.kill()
 
     def _classify(self, phase: PhaseResult) -> str:
-        """The phase's verdict: the sequential test's decision, or the rule on all pairs (both with the looks'
-        corrected interval, which ``phase.timing`` carries)."""
-        assert phase.timing is not None
-        if phase.decision in ("pass", "slower", "marginal"):
-            return phase.decision
-        t = phase.timing
-        if t.speedup_vs_control is not None and t.speedup_vs_control_ci is not None:  # the in-process control
-            lo, hi = t.speedup_vs_control_ci
-            verdict = stats.classify(stats.PairedStats(t.speedup_vs_control, lo, hi, len(t.candidate_ms)),
-                                     self.min_improvement, self.allowance)
-            held = stats.guard_holds(t.speedup, self.allowance) and stats.control_holds(
-                t.baseline_ms, t.control_ms or (), self.allowance)
-            return "marginal" if verdict == "pass" and not held else verdict
-        return stats.classify(stats.PairedStats(t.speedup, t.ci_low, t.ci_high, len(t.baseline_ms)),
-                              self.min_improvement, self.allowance)
+        return verdicts.classify(phase, self.min_improvement, self.allowance)
 
     def _reject(self, status: str, failures: list[CheckFailure], timing: Any, confirmation: Any,
                 phase: str) -> Verdict:
-        failures = [dataclasses.replace(f, message=redact(f.message)) for f in failures]
-        reasons = tuple(f"{self.label}: [{phase}] {f.check}: {f.message}" for f in failures[:_MAX_REASONS])
-        if len(failures) > _MAX_REASONS:
-            reasons += (f"{self.label}: … and {len(failures) - _MAX_REASONS} more failed checks (see the report)",)
-        return Verdict(False, status, reasons, tuple(failures), timing=timing, confirmation=confirmation)  # type: ignore[arg-type]
+        return verdicts.reject(self.label, status, failures, timing, confirmation, phase)
 
     def _slow(self, kind: str, timing: Any, confirmation: Any, phase: str) -> Verdict:
-        t = confirmation if confirmation is not None else timing
-        bar = 1.0 + max(self.min_improvement, self.allowance)
-        baseline = "the accepted incumbent" if t.baseline_label == "incumbent" else "the original Inductor wrapper"
-        level = 100.0 * (1.0 - stats.look_alpha(self.pairs))
-        text = (f"{self.label}: [{phase}] speedup over {baseline} is {t.speedup:.4f} ({level:.1f}% CI "
-                f"{t.ci_low:.4f}–{t.ci_high:.4f}, {len(t.baseline_ms)} paired samples of {t.calls_per_sample} "
-                f"calls); acceptance needs a median ≥ {bar:.4f} and a CI lower bound > {1.0 + self.allowance / 2:g}"
-                + (" (CPU test mode: a per-process allowance, see docs/gate.md)" if self.allowance else ""))
-        if t.speedup_vs_control is not None and t.speedup_vs_control_ci is not None:
-            lo, hi = t.speedup_vs_control_ci
-            text += (f"; the rule's comparison, over the same code timed in the candidate's own process, is "
-                     f"{t.speedup_vs_control:.4f} (CI {lo:.4f}–{hi:.4f}), and a pass also needs the speedup over "
-                     f"{baseline} in its own process ≥ {1.0 - self.allowance:g}")
-            if t.control_ms and not stats.control_holds(t.baseline_ms, t.control_ms, self.allowance):
-                ratio = stats.control_ratio(t.baseline_ms, t.control_ms)
-                text += (f"; {baseline} ran {ratio:.4f}× as fast in the candidate's process as in its own (≥ "
-                         f"{1.0 - max(self.allowance, stats.CONTROL_TOLERANCE):g} needed): the candidate slows other "
-                         f"code in its process (process-wide state it changes, work it leaves running)")
-        if kind == "slower":
-            status, text = "rejected_slower", text + ". The candidate is slower."
-        elif kind == "unconfirmed":
-            status, text = "rejected_unconfirmed", text + (f" in a fresh process too; the first measurement gave "
-                                                           f"{timing.speedup:.4f} but the confirmation did not.")
-        else:
-            status, text = "rejected_marginal", text + ". The gain (if any) is too small to confirm."
-        return Verdict(False, status, (text,), timing=timing, confirmation=confirmation)  # type: ignore[arg-type]
+        return verdicts.slow(self.label, kind, timing, confirmation, phase, min_improvement=self.min_improvement,
+                             allowance=self.allowance, pairs=self.pairs)
 
     # -- facts about the graph ------------------------------------------------------------------------
     def _uses_tf32(self) -> bool:

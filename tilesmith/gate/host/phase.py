@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from tilesmith.gate.host import answers, checks, timing
+from tilesmith.gate.host import answers, checks, spots, timing
 from tilesmith.gate.host.memory import (INPUT_COPIES, OUTPUT_COPIES, MemoryPlan, growth_failure, oom_check,
                                         oom_message)
 from tilesmith.gate.host.process import WorkerCrashed, WorkerProcess, WorkerProtocolError, WorkerTimedOut
@@ -367,7 +367,7 @@ def _run(result: PhaseResult, worker: WorkerProcess, candidate_source: str, refe
     if inconsistent:
         result.failures.append(inconsistent)
     t2 = time.monotonic()
-    result.failures += timing.spot_failures(answer, sched, phase_inputs.pool, reference, phase_inputs.refs["normal"],
+    result.failures += spots.spot_failures(answer, sched, phase_inputs.pool, reference, phase_inputs.refs["normal"],
                                             cfg.tf32, cfg.uses_rng)
     rec["spot_checks_s"] = round(time.monotonic() - t2, 3)
     for spot in (answer.get("spots") or {}).values():

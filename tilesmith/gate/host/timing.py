@@ -1,5 +1,5 @@
 """Host side of timing: the randomized schedule, the alternation between worker processes, quiescence, the
-sequential stop, spot checks of timed outputs, the statistic.
+sequential stop, which timed calls are spot-checked (compared in :mod:`tilesmith.gate.host.spots`), the statistic.
 
 Arms live in different processes: ``orig`` in the trusted worker (the original only, ever), ``cand`` in the
 candidate's worker, ``inc`` (an accepted incumbent, itself candidate code) in its own worker. Samples of one
@@ -31,9 +31,7 @@ import torch
 
 from tilesmith.errors import WorkerError
 from tilesmith.gate.host import stats
-from tilesmith.gate.host.compare import compare_output
 from tilesmith.gate.host.process import process_cpu_ms
-from tilesmith.gate.host.reference import OutputTooLarge, ReferenceRejected, RefResult, load_checked
 from tilesmith.gate.inputs import static_indices, timing_factors
 from tilesmith.records import CheckFailure, Timing
 
@@ -455,82 +453,6 @@ def _run(run: TimingRun, schedule: Schedule, arms: list[str], workers: list[Any]
 def _device_kind(prepared: dict[int, dict[str, Any]]) -> str:
     methods = {g.get("method") for g in prepared.values()}
     return "cuda" if "cuda_event" in methods else "cpu"
-
-
-def spot_failures(answer: dict[str, Any], schedule: Schedule, pool: list[Any], reference: Any,
-                  expected: RefResult, tf32: bool, uses_rng: bool) -> list[CheckFailure]:
-    """Compare the outputs of the spot-checked calls with the trusted worker's reference on the same inputs.
-
-    Call ``c`` of a sample read the round's pool set × factors rolled by ``shift + c``, its static inputs
-    (shared by the sample's calls) rolled by ``shift`` (:func:`tilesmith.gate.inputs.call_values`, rebuilt in
-    the trusted worker from the pool recipe); each sample starts from its round's seed, so for a graph that
-    draws random numbers the reference is run ``c + 1`` times from that seed.
-    """
-    fails: list[CheckFailure] = []
-    picks_by_worker: dict[str, list[list[int]]] = {}
-    for r, a, c in schedule.picks:
-        picks_by_worker.setdefault(answer["arm_workers"][a], []).append([r, a, c])
-    for pid, picks in picks_by_worker.items():
-        spot = (answer.get("spots") or {}).get(pid) or {}
-        if spot.get("spot_refused"):
-            return [CheckFailure("timing_output_mismatch", f"outputs of a timed call were rejected before transfer: "
-                                                           f"{spot['spot_refused']}")]
-        path = spot.get("spot_path")
-        if not path:
-            return [CheckFailure("protocol", "the worker returned no spot-check outputs for the timed calls")]
-        try:
-            data = load_checked(Path(path), expected.total_bytes() * max(1, len(picks)),
-                                len(expected.outputs) * len(picks))
-        except OutputTooLarge as exc:
-            return [CheckFailure("output_too_large", f"spot-check outputs: {exc}")]
-        except WorkerError as exc:
-            return [CheckFailure("protocol", f"spot-check outputs: {exc}")]
-        spots = data.get("spots") if isinstance(data, dict) else None
-        keys = data.get("keys") if isinstance(data, dict) else None
-        if not isinstance(spots, list) or not isinstance(keys, list) or len(spots) != len(keys) or \
-                any(not isinstance(k, list) or len(k) != 3 for k in keys) or \
-                any(not isinstance(o, list) for o in spots):
-            return [CheckFailure("protocol", "malformed spot-check file")]
-        if sorted(keys) != sorted(picks):
-            return [CheckFailure("protocol", f"spot-check file covers calls {keys}, the host asked for {picks}")]
-        runs = []
-        for r, a, c in keys:
-            rnd = schedule.rounds[int(r)]
-            runs.append({"timing": {"pool": pool[rnd["set"]], "factors": rnd["factors"], "shift": int(rnd["shift"]),
-                                    "call": int(c), "static": list(schedule.static)},
-                         "seed": int(rnd["seed"]), "repeat": int(c) + 1 if uses_rng else 1})
-        refs = reference.collect(reference.submit(runs), "reference runs for the spot-checked timed calls")
-        for (r, a, c), outs, ref in zip(keys, spots, refs):
-            where = f"timed call {int(c) + 1} of {answer.get('calls_per_sample', '?')} in round {r} of " \
-                    f"{len(schedule.rounds)}, arm {schedule.arms[int(a)]}"
-            if isinstance(ref, ReferenceRejected):
-                fails.append(CheckFailure("exception", f"the original wrapper raised on the inputs of {where}: {ref}"))
-                continue
-            fails += _compare_spot(ref, outs, where, tf32)
-            if fails:
-                return fails
-    return fails
-
-
-def _compare_spot(ref: RefResult, outs: list[Any], where: str, tf32: bool) -> list[CheckFailure]:
-    fails = []
-    for i, (exp, got) in enumerate(zip(ref.outputs, outs)):
-        if not isinstance(exp, torch.Tensor):
-            continue
-        if not isinstance(got, torch.Tensor) or got.shape != exp.shape or got.dtype != exp.dtype:
-            fails.append(CheckFailure("timing_output_mismatch", f"output {i} of {where} has the wrong shape or dtype",
-                                      output_index=i))
-            continue
-        failure = compare_output(i, exp, got, variant="timing", tf32=tf32, poison_byte=None, others={}, where=where)
-        if failure is not None:
-            fails.append(CheckFailure("timing_output_mismatch",
-                                      failure.message + " The outputs of timed calls must be correct too (every "
-                                                        "timed call reads its own input set, refreshed in place "
-                                                        "between samples, with the parameters and buffers shared by "
-                                                        "the calls of a sample; any call may be checked).",
-                                      output_index=i, variant="timing", worst_index=failure.worst_index,
-                                      expected=failure.expected, got=failure.got))
-    return fails
 
 
 def build_timing(answer: dict[str, Any], schedule: Schedule, baseline: str, seed: int,
