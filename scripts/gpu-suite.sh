@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The GPU test suite and the benchmarks, in one call on a CUDA machine (the H200 through the device tool).
 #
-#   scripts/gpu-suite.sh [tests] [main] [overhead] [kernels] [cache] [bench] [calib] [llm] [verify]   # default: tests main overhead
+#   scripts/gpu-suite.sh [tests] [main] [overhead] [kernels] [cache] [bench] [calib] [llm] [verify] [fork]   # default: tests main overhead
 #   scripts/gpu-suite.sh verify                 # production verification: GPU tests + bench/verify_cost.py (< 4 min)
 #   GPU_TESTS="tests/gpu/test_gate_gpu.py" scripts/gpu-suite.sh tests              # a subset of the GPU tests
 #   PYTEST_ARGS="--timeout 150 --maxfail 8" scripts/gpu-suite.sh tests verify      # extra pytest arguments
 #   scripts/gpu-suite.sh bench                  # the benchmark suite, fresh, within 530 s (docs/benchmarks.md)
 #   BENCH_RESUME=1 scripts/gpu-suite.sh bench   # continue it in the next call (cases the budget skipped)
 #   BENCH_CASES=part2 BENCH_BUDGET_S=300 BENCH_ARGS="--rounds 30" scripts/gpu-suite.sh bench
+#   FORK_REPEATS=2 scripts/gpu-suite.sh fork     # the fork server's CUDA zygote, worker starts and gate cost, on/off interleaved
 #   CALIB_ARGS="--aa 200 --gain 50" scripts/gpu-suite.sh calib
 #   CACHE_RECHECK=background CACHE_REPEATS=2 scripts/gpu-suite.sh cache                # default: both modes, 3 pairs
 #   CACHE_RECHECK=background CACHE_ARGS="--profile" scripts/gpu-suite.sh cache         # extra bench/cache_hit.py args
@@ -63,6 +64,16 @@ for part in "${parts[@]}"; do
     verify)   "$PY" -m pytest $QUIET -ra -s -m gpu -p no:cacheprovider ${PYTEST_ARGS:-} tests/gpu/test_verify_gpu.py 2>&1 | tee "$OUT/verify-tests.log" \
                 | grep -vE "^DEBUG"; rc=$((rc|${PIPESTATUS[0]}))
               "$PY" bench/verify_cost.py --device cuda --out "$OUT" 2>&1 | tee "$OUT/verify-cost.log"; rc=$((rc|${PIPESTATUS[0]})) ;;
+    fork)     # the fork server on CUDA (issue 19): where the zygote initialises the driver, then worker starts and gate
+              # cost with it on and off, interleaved (FORK_REPEATS pairs)
+              { timeout 90 "$PY" scripts/probes/zygote_cuinit.py steps; PYTORCH_NVML_BASED_CUDA_CHECK=1 timeout 90 \
+                  "$PY" scripts/probes/zygote_cuinit.py zygote; } 2>&1 | tee "$OUT/zygote-probe.log"
+              for fs in 1 0; do TILESMITH_GATE_FORKSERVER=$fs timeout 150 "$PY" bench/worker_start.py --starts 3 \
+                  --device-type cuda --out "$OUT/worker-start-fs$fs.json" 2>&1 | tee "$OUT/worker-start-fs$fs.log"; done
+              for i in $(seq "${FORK_REPEATS:-2}"); do for fs in 1 0; do
+                TILESMITH_GATE_FORKSERVER=$fs timeout 200 "$PY" bench/gate_cost.py --graphs small --small-shape 4096,1024 \
+                  --repeats 3 --out "$OUT/gate-cost-fs$fs-$i.json" 2>&1 | tee "$OUT/gate-cost-fs$fs-$i.log"
+              done; done ;;
     calib)    "$PY" bench/gate_calibration.py ${CALIB_ARGS:-} 2>&1 | tee "$OUT/gate-calibration.log"; rc=$((rc|${PIPESTATUS[0]})) ;;
     llm)      "$PY" -m pytest $QUIET -ra -s -m gpu -p no:cacheprovider ${PYTEST_ARGS:-} tests/gpu/test_llm_e2e_gpu.py tests/gpu/test_llm_shell_gpu.py 2>&1 | tee "$OUT/llm-e2e.log"; rc=$((rc|${PIPESTATUS[0]})) ;;
     *)        echo "unknown part $part"; rc=2 ;;
