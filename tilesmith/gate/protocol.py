@@ -37,6 +37,10 @@ POISON_BYTES = (0xFF, 0x7F)
 AUDIT_CHECKS = ("audit_introspection", "audit_file_write", "audit_file_read", "audit_process", "audit_network",
                 "audit_native")
 
+#: Prefix of the ``state_changes`` keys that say what could run a candidate's code outside a timing sample's clock
+#: (:mod:`tilesmith.gate.worker.outside`); the host reports them as ``outside_clock`` (red team 19).
+OUTSIDE_CLOCK = "outside the clock: "
+
 
 def dumps(message: dict[str, Any]) -> bytes:
     """Encode one protocol message as a JSON line (non-finite floats are written as strings)."""

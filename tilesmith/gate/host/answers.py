@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from tilesmith.gate.host.process import untrusted_text
-from tilesmith.gate.protocol import AUDIT_CHECKS
+from tilesmith.gate.protocol import AUDIT_CHECKS, OUTSIDE_CLOCK
 from tilesmith.records import CheckFailure
 
 _REMEDY = {
@@ -99,6 +99,14 @@ def global_failures(facts: dict[str, Any], where: str) -> list[CheckFailure]:
                                                   f"after {where}: {untrusted_text(', '.join(facts['pool_work'][:4]), 300)}."
                                                   f" A wrapper must not submit work to Inductor's (or any) pool."))
     changes = dict(facts.get("state_changes", {}))
+    outside = {k[len(OUTSIDE_CLOCK):]: v for k, v in changes.items() if k.startswith(OUTSIDE_CLOCK)}
+    changes = {k: v for k, v in changes.items() if not k.startswith(OUTSIDE_CLOCK)}
+    if outside:
+        fails.append(CheckFailure("outside_clock", f"after {where} the candidate's worker had what could run its code "
+                                                   f"between its calls, outside the timed samples: "
+                                                   f"{_fmt_changes(outside)}. A wrapper's work happens inside its "
+                                                   f"calls: no signal handlers, timers, descriptors that signal on "
+                                                   f"I/O, threads that outlive a call, or processes."))
     stream = {k: v for k, v in changes.items() if k.startswith(("cuda.current_stream", "cuda.current_device"))}
     imports = {k: v for k, v in changes.items() if k.startswith(("sys.path", "sys.meta_path"))}
     other = {k: v for k, v in changes.items() if k not in stream and k not in imports}

@@ -412,7 +412,7 @@ STATUS_ORDER = (
     ("rejected_crash", lambda c: c in {"crash", "protocol", "exception", "oom", "output_too_large"}),
     ("rejected_global_state", lambda c: c in {"background_thread", "global_state", "monkeypatch", "rng_state",
                                               "stream_state", "os_threads", "memory_growth",
-                                              "compile_pool"}),
+                                              "compile_pool", "outside_clock"}),
     ("rejected_incorrect", lambda c: True),
 )
 

@@ -84,6 +84,11 @@ def main() -> int:
         host_fd = zygote.serve(_device_type(sys.argv[1:]))
     proto_in, proto_out_fd = _secure_stdio()
     _limit_resources()
+    # Before any other thread exists (every thread inherits the mask): no asynchronous signal reaches the worker, so
+    # no handler can run candidate code between timing samples, outside the clock (red team 19; worker.outside).
+    from tilesmith.gate.worker import outside
+
+    outside.block_async_signals()
     # Before any candidate code exists here: native code must not reach other processes (the host, the trusted
     # worker, the zygote) through ptrace-checked access such as /proc/<pid>/mem, nor write outside this worker's
     # folder, the working directory the host (or the zygote's child setup) gave it (tilesmith.gate.worker.confine).

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from tilesmith.gate import inputs, layout, pools, protocol, retained, sidefx, torchstate
-from tilesmith.gate.worker import audit, bindings, imports
+from tilesmith.gate.worker import audit, bindings, imports, outside
 from tilesmith.gate.worker import runtime as worker_runtime
 from tilesmith.gate.worker import timing as worker_timing
 from tilesmith.gate.worker.bindings import T, against_expected, compact_cpu, fast_saves
@@ -217,6 +217,8 @@ class Worker:
         self.base_threads = {t.ident for t in T.threads() if t.ident is not None}
         self.base_pool = set(pools.foreign_work())  # Inductor's compile pool (none at compile_threads=1)
         self.base_signals = _signal_handlers()
+        self.base_outside = outside.snapshot()  # native signal handlers, timers, O_ASYNC descriptors (red team 19)
+        self.base_processes = outside.session_processes()
         self.base_modules = {n: m for n, m in list(sys.modules.items()) if n.startswith("tilesmith")}
         self.sidefx.baseline(self.watch)
 
@@ -306,6 +308,7 @@ class Worker:
             # A signal handler receives the interrupted frame: frame access without any audit event.
             now = _signal_handlers()
             changes.update({k: [self.base_signals.get(k), v] for k, v in now.items() if self.base_signals.get(k) != v})
+        changes.update(outside.changes(self.base_outside, outside.snapshot(), "what could run code outside the calls"))
         identity = torchstate.diff_identities(self.base_ids, torchstate.identity_snapshot(self._watched_namespaces()))
         # A module replaced in sys.modules would be picked up by any later `from tilesmith... import`.
         identity += [f"sys.modules[{n!r}]" for n, m in self.base_modules.items() if sys.modules.get(n) is not m]
@@ -451,7 +454,10 @@ class Worker:
         # Bound at import (before any candidate): a lazy import here would take whatever module a
         # candidate had put into sys.modules under that name.
         answer = worker_timing.run_timing(self, msg)
+        found = answer.pop("state_changes", {})  # what the timing request itself saw (worker.outside)
         answer.update(self._sample_facts() if msg.get("phase") == "sample" else self._global_facts())
+        if found:
+            answer["state_changes"] = {**found, **answer.get("state_changes", {})}
         return answer
 
 

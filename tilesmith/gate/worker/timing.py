@@ -47,7 +47,8 @@ import torch
 
 from tilesmith.gate.inputs import distinct_capacity, fill_set, static_indices
 from tilesmith.gate.layout import plain_sequence
-from tilesmith.gate.worker import confine
+from tilesmith.gate.protocol import OUTSIDE_CLOCK
+from tilesmith.gate.worker import confine, outside
 from tilesmith.gate.worker.bindings import T, against_expected, compact_cpu, not_plain, save_new
 from tilesmith.gate.worker.runtime import InputSet, memory_facts, sync
 
@@ -67,8 +68,10 @@ class _Session:
     """State of one timing run between its requests (lives in the worker only)."""
 
     def __init__(self, arms: dict[int, Any], pool: list[list[Any]], first: InputSet, flush: torch.Tensor,
-                 static: tuple[int, ...]) -> None:
+                 static: tuple[int, ...], start: dict[str, Any] | None = None) -> None:
         self.arms, self.pool, self.first, self.flush, self.static = arms, pool, first, flush, static
+        self.start = start or {}
+        """:func:`.outside.snapshot` (threads included) before the run's first timed call."""
         self.sets: list[InputSet] = []
         self.held: tuple[int, int, list[Any]] | None = None
         self.spots: list[list[Any]] = []
@@ -114,6 +117,7 @@ def _timed(device: torch.device, flush: torch.Tensor, fn: Any, argsets: list[lis
 
 def _prepare(worker: Any, msg: dict[str, Any]) -> dict[str, Any]:
     _STATE["session"] = None
+    start = outside.snapshot(threads=True)
     device = worker.device
     # Arm indices are the host's (positions in the schedule's arm list); this worker holds some of them.
     arms = {int(a): worker.modules[name] for a, name in dict(msg["arms"]).items()}
@@ -139,11 +143,16 @@ def _prepare(worker: Any, msg: dict[str, Any]) -> dict[str, Any]:
                     break
             singles = [_timed(device, flush, arm.fn, [first.args()])[0] for _ in range(3)]
             estimates[str(a)] = max(statistics.median(singles), 1e-4)
-    _STATE["session"] = _Session(arms, pool, first, flush, static)
+    _STATE["session"] = _Session(arms, pool, first, flush, static, start)
     # From here on a candidate's process starts no process (threads stay possible and are counted): work a child
     # does is work this clock may not see (red team 18). Its warm-up above compiled whatever it compiles lazily.
     processes = confine.no_new_processes() if getattr(worker, "role", "candidate") != "trusted" else "trusted worker"
+    # One forked during the warm-up, before the filter, would work through the run unseen (red team 19).
+    alive, before = outside.session_processes(), int(getattr(worker, "base_processes", 0))
+    found = {f"{OUTSIDE_CLOCK}processes in the worker's session after the timing warm-up": [before, alive]} \
+        if alive > before else {}
     return {"ok": True, "estimates_ms": estimates, "static_inputs": list(static), "new_processes": processes,
+            **({"state_changes": found} if found else {}),
             "set_bytes": storage_bytes(first.values, skip=static),  # what each further set adds (static: once)
             "output_bytes": out_bytes, "distinct": min(distinct_capacity(values, static) for values in pool),
             "memory": memory_facts(device),
@@ -204,13 +213,16 @@ def _sample(worker: Any, msg: dict[str, Any]) -> dict[str, Any]:
     with T.no_grad():
         T.manual_seed(int(msg.get("seed", r)))
         ms, wall, outs = _timed(worker.device, session.flush, session.arms[a].fn, argsets)
+    # Right after the clock: a thread, a signal handler or a timer left by the calls could still compute their
+    # outputs before the release copies one out, in no sample (red team 19).
+    found = outside.changes(session.start, outside.snapshot(threads=True), f"after timing sample {r}, arm {a}")
     # Every call's result, picked or not, after the clock: a tuple subclass could do its work when read.
     odd = next(((j, why) for j, why in enumerate(map(not_plain, outs)) if why), None)
     if odd is not None and session.refused is None:
         session.refused = f"round {r}, arm {a}, call {odd[0]}: {odd[1]}"
     session.held = (r, a, outs)
     del outs
-    return {"ok": True, "ms": ms, "wall_ms": wall}
+    return {"ok": True, "ms": ms, "wall_ms": wall, **({"state_changes": found} if found else {})}
 
 
 def _release(worker: Any, msg: dict[str, Any]) -> dict[str, Any]:
