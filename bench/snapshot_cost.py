@@ -28,6 +28,7 @@ def main() -> None:
     compiled = torch.compile(lambda x, w: torch.tanh(x @ w) + 1)
     compiled(torch.randn(32, 64), torch.randn(64, 16))
     from tilesmith.gate import modes, torchstate
+    from tilesmith.gate.classdigest import ClassDigest
     from tilesmith.gate.sidefx import ProductionSnapshot, SideEffects
     from tilesmith.gate.window import StateWindow
 
@@ -39,6 +40,7 @@ def main() -> None:
           f"hook containers {len(gate.classes.containers)}")
     print("gate comparison (identity + state)  ", _ms(lambda: (gate.identity_changes(), gate.state_changes())))
     print("  ClassDigest.changes               ", _ms(gate.classes.changes))
+    print("  ClassDigest.baseline (a fresh one) ", _ms(lambda: ClassDigest().baseline(), 10))
     print("  hook tables (gate)                ", _ms(gate.hooks))
     print("torchstate.state_snapshot (+ modes) ", _ms(lambda: torchstate.state_snapshot("cpu")))
     print("production baseline                 ", _ms(lambda: prod.baseline(names), 10))
