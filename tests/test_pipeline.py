@@ -151,3 +151,25 @@ def test_identical_wrapper_recompiled_in_one_run_reuses_the_first_outcome(test_m
     assert kinds.count("duplicate_graph") == 1 and len(records) == 2
     assert records[0].graph_key == records[1].graph_key and records[0].speedup == records[1].speedup
     assert len(_tracks(test_mode)) == 1
+
+
+def test_an_unwritable_cache_root_still_optimizes_and_installs(test_mode, monkeypatch, tmp_path):
+    """``TILESMITH_CACHE_DIR`` names a regular file (a new user's mistake, or a read-only mount): the run's records
+    go to a temporary folder instead, one ``disk_unwritable`` diagnostic says so, and the graph is still optimized
+    and installed — no ``internal_error``, no traceback into the user's call (new-user trial, session 19)."""
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    monkeypatch.setenv("TILESMITH_CACHE_DIR", str(blocked))
+    torch.manual_seed(0)
+    model = MulSum()
+    x = torch.randn(64, 512)
+    factory = ScriptedFactory(edits=[lambda t: mm_instead_of_loop(t) if has_mulsum_loop(t) else comment("noop")(t)])
+    compiled = tilesmith.compile(model, example_inputs=(x,), agent_model=factory, loops=1)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    kinds = [d.kind for d in tilesmith.diagnostics(compiled)]
+    assert "internal_error" not in kinds and kinds.count("disk_unwritable") == 1, tilesmith.diagnostics(compiled)
+    unwritable = next(d for d in tilesmith.diagnostics(compiled) if d.kind == "disk_unwritable")
+    assert "temporary folder" in unwritable.message and "TILESMITH_CACHE_DIR" in unwritable.message
+    assert [r.kind for r in tilesmith.benchmarks(compiled)] == ["inference"], tilesmith.diagnostics(compiled)
+    assert blocked.read_text() == "not a folder"

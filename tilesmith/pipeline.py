@@ -254,10 +254,10 @@ class LiveRun:
             return
         if coordinator is not None and coordinator.take(self, handle, inputs):
             return  # this call stays on Inductor; the job's decision arrives in a background thread
-        track = Track(self.folder, handle.graph, handle.key, self.options.loops)
         problem = self.folder.open()  # the run folder exists from its first tracked graph on
         if problem is not None:
             self.record_diagnostic(problem)
+        track = Track(self.folder, handle.graph, handle.key, self.options.loops)  # in a temporary folder after that
         track.create()
         try:
             optimize_graph(self, handle, track, inputs, single_process=coordinator is None)
