@@ -1,4 +1,4 @@
-"""Progress display: quiet off a terminal, in-place status on one, logging always, secrets redacted."""
+"""Progress display: start and end lines only off a terminal, in-place status on one, logging always, secrets redacted."""
 
 from __future__ import annotations
 
@@ -32,12 +32,17 @@ def drive(progress: Progress, clock: FakeClock) -> None:
     progress.graph_finished(LABEL, "installed, 1.31x")
 
 
-def test_auto_mode_prints_nothing_when_stderr_is_not_a_terminal(caplog):
+def test_auto_mode_off_a_terminal_prints_only_each_graphs_start_and_end(caplog):
     out = io.StringIO()
     clock = FakeClock()
     with caplog.at_level(logging.DEBUG, logger="tilesmith"):
         drive(Progress(stream=out, mode="auto", clock=clock), clock)
-    assert out.getvalue() == ""
+    assert out.getvalue().splitlines() == [
+        f"tilesmith {LABEL}: optimizing its first call (TILESMITH_PROGRESS=off silences this)",
+        f"tilesmith {LABEL}: installed, 1.31x (1:00)"]  # no status updates
+    off = io.StringIO()
+    drive(Progress(stream=off, mode="off", clock=clock), clock)
+    assert off.getvalue() == ""
     messages = [r.getMessage() for r in caplog.records if r.name == "tilesmith.progress"]
     assert messages[0] == f"optimizing {LABEL}"
     assert "loop 1/2 turn 3 calls 12/70 best 1.31x 0:42" in messages[1]

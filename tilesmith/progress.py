@@ -8,9 +8,11 @@ The pipeline calls, per graph::
     progress.graph_finished("1a2b3c4d (0_inference)", "installed, 1.31x")
 
 Display (``TILESMITH_PROGRESS``, read at each call): ``off`` prints nothing; ``on`` always prints;
-``auto`` (default) prints only when stderr is a terminal, so logs of batch jobs and CI stay clean. On a
-terminal the status line is rewritten in place (``\\r`` and erase-line); elsewhere each change is a new
-line. Lines finished with ``graph_finished`` stay on screen.
+``auto`` (default) prints every change only when stderr is a terminal, and off a terminal one line when a graph's
+optimization starts and one when it ends, so a script's or a batch job's log shows what its first call waits for
+without a line per turn (a new user took the silence for a hang). On a terminal the status line is rewritten in
+place (``\\r`` and erase-line); elsewhere each change is a new line. Lines finished with ``graph_finished`` stay
+on screen.
 
 Logging: every message also goes to the ``tilesmith.progress`` logger (start/finish at INFO, updates at
 DEBUG), whatever the display mode. Standard ``logging`` configuration applies.
@@ -106,20 +108,25 @@ class Progress:
         except (AttributeError, ValueError):
             return False
 
+    def _mode_now(self) -> str:
+        if self._mode is not None:
+            return self._mode
+        try:
+            return settings.get("TILESMITH_PROGRESS")
+        except ValueError:
+            return "auto"  # an invalid value must not break a model call; settings checks report it
+
     def enabled(self) -> bool:
-        """Whether the display prints (logging happens regardless)."""
-        mode = self._mode
-        if mode is None:
-            try:
-                mode = settings.get("TILESMITH_PROGRESS")
-            except ValueError:
-                mode = "auto"  # an invalid value must not break a model call; settings checks report it
+        """Whether the display prints every change (logging happens regardless)."""
+        mode = self._mode_now()
         if mode == "off":
             return False
         return mode == "on" or self._is_tty()
 
-    def _write(self, line: str, *, final: bool) -> None:
-        if not self.enabled():
+    def _write(self, line: str, *, final: bool, milestone: bool = False) -> None:
+        """``milestone``: a graph's start or end, which ``auto`` also prints off a terminal (one line each: a
+        script's or a job's log shows what its first call is waiting for)."""
+        if not (self.enabled() or (milestone and self._mode_now() == "auto")):
             return
         tty = self._is_tty()
         try:
@@ -141,7 +148,11 @@ class Progress:
             now = self._clock()
             self._graphs[label] = _GraphState(label=label, started=now, touched=now)
             log.info("optimizing %s", label)
-            self._write(format_status(self._graphs[label], now, len(self._graphs) - 1), final=False)
+            if self.enabled():
+                self._write(format_status(self._graphs[label], now, len(self._graphs) - 1), final=False)
+            else:
+                self._write(f"tilesmith {label}: optimizing its first call (TILESMITH_PROGRESS=off silences this)",
+                            final=True, milestone=True)
 
     def update(self, label: str, *, loop: int | None = None, loops: int | None = None, turn: int | None = None,
                calls_used: int | None = None, calls_budget: int | None = None,
@@ -174,7 +185,7 @@ class Progress:
             elapsed = _format_duration(now - state.started) if state else "-"
             line = f"tilesmith {label}: {outcome} ({elapsed})"
             log.info("%s", line)
-            self._write(line, final=True)
+            self._write(line, final=True, milestone=True)
             if self._graphs:  # show the next most recently active graph again
                 other = max(self._graphs.values(), key=lambda s: s.touched)
                 self._write(format_status(other, now, len(self._graphs) - 1), final=False)

@@ -226,7 +226,8 @@ _SETTINGS = (
     Setting("TILESMITH_DEBUG", "0", _bool,
             "Keep per-turn structured agent traces under the track's traces/ folder."),
     Setting("TILESMITH_PROGRESS", "auto", _progress,
-            "Progress display on stderr: auto (only when stderr is a terminal), on or off."),
+            "Progress display on stderr: auto (a live status line on a terminal; elsewhere one line when a graph's "
+            "optimization starts and one when it ends), on (every change) or off."),
     Setting("TILESMITH_WORKER_START_TIMEOUT_S", "180", _positive_float,
             "Seconds a gate worker may take to start (import torch, create its CUDA context)."),
     Setting("TILESMITH_WORKER_TIMEOUT_S", "300", _positive_float,
