@@ -51,6 +51,9 @@ def _path_without_proxy(tmp_path):
         ({"agent_model": "  "}, ValueError, "agent_model"),
         ({"example_inputs": X}, TypeError, "tuple"),
         ({"backend": "inductor"}, ValueError, "backend"),
+        ({"agent_model": "tilesmith/bultin"}, ValueError, "did you mean 'tilesmith/builtin'"),
+        ({"agent_model": "builtin"}, ValueError, "did you mean 'tilesmith/builtin'"),
+        ({"agent_model": "Tilesmith/Builtin"}, ValueError, "spelled 'tilesmith/builtin' exactly"),
     ],
 )
 def test_invalid_arguments_raise_naming_allowed_values(kwargs, error, words):
@@ -74,8 +77,11 @@ def test_invalid_min_improvement_is_a_clear_error(monkeypatch):
     ],
 )
 def test_fallbacks_return_plain_torch_compile_with_a_diagnostic(kwargs, kind, remedy):
+    from tilesmith.errors import TilesmithWarning
+
     model = TwoLayer().eval()
-    compiled = tilesmith.compile(model, **kwargs)
+    with pytest.warns(TilesmithWarning, match="falls back to plain torch.compile"):
+        compiled = tilesmith.compile(model, **kwargs)
     with torch.no_grad():
         torch.testing.assert_close(compiled(X), model(X))
     assert tilesmith.benchmarks(compiled) == ()
@@ -197,3 +203,31 @@ def test_registered_backend_captures_graphs(monkeypatch, tmp_path):
         torch.testing.assert_close(compiled(X), model(X))
     assert list((tmp_path / "ts").glob("runs/*/*/track.json")), "the graph reached Tilesmith"
     assert tilesmith.diagnostics(compiled), "diagnostics are found from the compiled module"
+
+
+def test_a_misspelt_builtin_agent_in_the_environment_is_a_settings_error(monkeypatch):
+    from tilesmith.errors import SettingsError
+
+    monkeypatch.setenv("TILESMITH_MODEL", "builtin")
+    with pytest.raises(SettingsError, match="TILESMITH_MODEL.*did you mean 'tilesmith/builtin'"):
+        tilesmith.compile(TwoLayer(), example_inputs=(X,))
+
+
+def test_asking_about_an_object_tilesmith_did_not_compile_warns():
+    """The eager model, or a plain torch.compile result: empty answers, but a warning that says what to pass (a new
+    user read the empty tuple as 'nothing to report')."""
+    from tilesmith.errors import TilesmithWarning
+
+    model = TwoLayer().eval()
+    for ask, empty in ((tilesmith.diagnostics, ()), (tilesmith.benchmarks, ()), (tilesmith.wait, True)):
+        with pytest.warns(TilesmithWarning, match=f"tilesmith.{ask.__name__}\\(\\) got a TwoLayer that Tilesmith did "
+                                                  "not compile"):
+            assert ask(model) == empty
+    with pytest.warns(TilesmithWarning):
+        compiled = tilesmith.compile(model, agent_model="tilesmith/builtin")  # falls back: no example_inputs
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TilesmithWarning)
+        assert [d.kind for d in tilesmith.diagnostics(compiled)] == ["missing_example_inputs"]
+

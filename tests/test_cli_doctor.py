@@ -172,3 +172,11 @@ def test_real_proxy_binary_lists_the_exported_model(env):
     code, text = doctor("--model", "doctor-model", "--proxy-timeout", "60")
     assert code == 0, text
     assert "including 'doctor-model'" in " ".join(text.split()) and SECRET not in text
+
+
+def test_a_misspelt_builtin_agent_is_an_error_with_the_right_spelling(env):
+    code, text = doctor("--model", "builtin", "--proxy-timeout", "5")
+    (line,) = lines_with(text, "did you mean")
+    flat = " ".join(text.split())
+    assert code != 0 and "ERROR" in line and "did you mean 'tilesmith/builtin'" in flat
+

@@ -11,11 +11,13 @@ example inputs, a CUDA tensor among them (or CPU test mode), an optimizer (``age
 from __future__ import annotations
 
 import threading
+import warnings
 import weakref
 from typing import Any
 
 from tilesmith import settings
 from tilesmith._text import sentence
+from tilesmith.errors import TilesmithWarning
 from tilesmith.records import BenchmarkRecord, Diagnostic
 
 AGENCY_LEVELS = ("low", "medium", "high")
@@ -41,8 +43,9 @@ def compile(  # noqa: A001 - mirrors torch.compile on purpose
 
     Args:
         model: an ``nn.Module`` or function, exactly as ``torch.compile`` takes it.
-        example_inputs: tuple or list with at least one CUDA tensor (any shapes/dtypes); used to check that the
-            model will run on a GPU. The gate uses the *first real call's* inputs, not these.
+        example_inputs: tuple or list with at least one CUDA tensor (any shapes/dtypes; CPU tensors in CPU test
+            mode, ``TILESMITH_ALLOW_CPU=1``); used to check that the model will run on a GPU. The gate uses the
+            *first real call's* inputs, not these.
         agent_model: optimizer: a model the private CLIProxyAPI lists (e.g. ``"gpt-5.5"``),
             ``"tilesmith/builtin"`` for the built-in agent (no LLM, no keys), or an object with
             ``for_graph``/``close`` (an ``OptimizerFactory``). Overrides ``TILESMITH_MODEL``.
@@ -59,7 +62,9 @@ def compile(  # noqa: A001 - mirrors torch.compile on purpose
             ``dynamic``, ``disable``).
 
     Returns:
-        The ``torch.compile`` callable: same call signature, same outputs, works with ``.backward()``.
+        The ``torch.compile`` callable: same call signature, same outputs, works with ``.backward()``. Where a
+        piece is missing (module docstring) that is plain ``torch.compile``'s, with a diagnostic and a
+        :class:`~tilesmith.errors.TilesmithWarning`.
 
     Side effect: when a graph may be eligible (CUDA already initialized in this process, or CPU test mode) it
     starts one gate worker process at once (``TILESMITH_PRESTART_WORKER``, :mod:`tilesmith.gate.host.standby`), so
@@ -67,7 +72,8 @@ def compile(  # noqa: A001 - mirrors torch.compile on purpose
 
     Raises:
         TypeError: an argument has the wrong type (message names the allowed types).
-        ValueError: ``agency`` not in low/medium/high, ``loops`` < 1, negative ``max_model_calls``, a
+        ValueError: ``agency`` not in low/medium/high, ``loops`` < 1, negative ``max_model_calls``, an
+            ``agent_model`` that misspells the built-in agent (``"builtin"``, ``"tilesmith/bultin"``), a
             ``backend`` keyword (Tilesmith is the backend), an unsupported ``sandbox``, or a ``chip`` that does
             not match the local GPU (``chip='H100' does not match local execution device 'NVIDIA H200'``).
         tilesmith.errors.SettingsError: an invalid ``TILESMITH_*`` environment value.
@@ -92,6 +98,8 @@ def compile(  # noqa: A001 - mirrors torch.compile on purpose
     if missing is not None:
         compiled = torch.compile(model, **torch_compile_kwargs)
         run.diagnose(*missing)
+        warnings.warn(f"tilesmith.compile falls back to plain torch.compile ({missing[0]}): {missing[1]}",
+                      TilesmithWarning, stacklevel=2)
     else:
         if allow_cpu:
             from tilesmith._compat import fast_cpu_isa_probe
@@ -112,7 +120,8 @@ def compile(  # noqa: A001 - mirrors torch.compile on purpose
 def benchmarks(model: Any) -> tuple[BenchmarkRecord, ...]:
     """Inductor-vs-Tilesmith records, one per installed graph of ``model`` (a ``tilesmith.compile`` result).
 
-    Empty before the first call, after a fallback, and for objects Tilesmith did not compile; with
+    Empty before the first call, after a fallback, and for objects Tilesmith did not compile (those also warn,
+    :class:`~tilesmith.errors.TilesmithWarning`: pass what ``tilesmith.compile`` returned); with
     ``TILESMITH_CACHE_RECHECK=background`` a graph reused from the artifact cache appears only once its
     re-check has installed it (``tilesmith.wait(model)`` waits; a ``cache_rechecking`` diagnostic says one is
     running), and with ``TILESMITH_OPTIMIZE=background`` an optimized graph once its gate accepted
@@ -123,7 +132,7 @@ def benchmarks(model: Any) -> tuple[BenchmarkRecord, ...]:
     job installed, with the numbers of the graph's leader, whose global rank is ``measured_by_rank``
     (docs/distributed.md); a follower's own re-check is in ``extras`` (``recheck_status``, ``recheck_speedup``).
     """
-    run = _run_of(model)
+    run = _run_of(model, "benchmarks")
     return tuple(run.benchmarks) if run is not None else ()
 
 
@@ -135,15 +144,18 @@ def wait(model: Any, timeout_s: float | None = None) -> bool:
     waits until the job's decision on each of this rank's graphs is applied here (docs/distributed.md; a local
     wait, no collective); otherwise there is nothing to wait for.
     ``timeout_s`` is in seconds (``None``: no limit). Returns True when none is still running, False on
-    timeout; never raises for objects Tilesmith did not compile (True).
+    timeout; never raises for objects Tilesmith did not compile (True, with a
+    :class:`~tilesmith.errors.TilesmithWarning`).
     """
-    run = _run_of(model)
+    run = _run_of(model, "wait")
     return True if run is None else run.wait(timeout_s)
 
 
 def diagnostics(model: Any) -> tuple[Diagnostic, ...]:
-    """Why graphs of ``model`` were or were not optimized (``kind``, ``message``, graph key and name)."""
-    run = _run_of(model)
+    """Why graphs of ``model`` were or were not optimized (``kind``, ``message``, graph key and name). Empty, with a
+    :class:`~tilesmith.errors.TilesmithWarning`, for an object Tilesmith did not compile (e.g. the eager model
+    rather than what ``tilesmith.compile`` returned)."""
+    run = _run_of(model, "diagnostics")
     return tuple(run.diagnostics) if run is not None else ()
 
 
@@ -174,6 +186,8 @@ def tilesmith_backend(gm: Any, example_inputs: Any, mode: str | None = None,
             missing = _missing_piece(None, chosen, allow_cpu, check_inputs=False)
             if missing is not None:
                 run.diagnose(*missing)
+                warnings.warn(f"the tilesmith backend falls back to plain Inductor ({missing[0]}): {missing[1]}",
+                              TilesmithWarning, stacklevel=2)
             _BACKEND_RUNS[key] = run
     if run.diagnostics and run.diagnostics[0].kind in _FALLBACK_KINDS:
         return TilesmithBackend(lambda *a: None)(gm, example_inputs, mode=mode, options=opts)
@@ -188,7 +202,7 @@ _FALLBACK_KINDS = {"missing_example_inputs", "no_cuda_device", "missing_model", 
 
 def _validate(example_inputs: Any, agent_model: Any, agency: Any, loops: Any, max_model_calls: Any,
               torch_compile_kwargs: dict[str, Any]) -> None:
-    from tilesmith.agent import is_factory
+    from tilesmith.agent import check_model_name, is_factory
 
     if example_inputs is not None and not isinstance(example_inputs, tuple | list):
         msg = ("example_inputs must be a tuple or list of the model's inputs, e.g. (x,), or None; "
@@ -201,6 +215,8 @@ def _validate(example_inputs: Any, agent_model: Any, agency: Any, loops: Any, ma
     if isinstance(agent_model, str) and not agent_model.strip():
         msg = "agent_model must not be empty: give a model the proxy lists, or 'tilesmith/builtin'"
         raise ValueError(msg)
+    if isinstance(agent_model, str):
+        check_model_name(agent_model, "agent_model")
     if not isinstance(agency, str):
         msg = f"agency must be one of {AGENCY_LEVELS}, got {type(agency).__name__}"
         raise TypeError(msg)
@@ -306,7 +322,10 @@ def _register(compiled: Any, run: Any) -> None:
         setattr(compiled, "_tilesmith_run", run)
 
 
-def _run_of(model: Any) -> Any:
+def _run_of(model: Any, asked: str | None = None) -> Any:
+    """The run of a Tilesmith-compiled ``model``; ``None`` otherwise, with a :class:`TilesmithWarning` when
+    ``asked`` (the public function's name) — a user who passes the eager model instead of what
+    ``tilesmith.compile`` returned would otherwise read an empty answer as "nothing to report"."""
     try:
         run = _RUNS.get(model)
     except TypeError:
@@ -315,6 +334,11 @@ def _run_of(model: Any) -> Any:
         run = getattr(model, "_tilesmith_run", None)
     if run is None:
         run = _backend_run_of(model)
+    if run is None and asked is not None:
+        warnings.warn(f"tilesmith.{asked}() got a {type(model).__name__} that Tilesmith did not compile, so it "
+                      f"answers as for a model with nothing to report; pass the callable tilesmith.compile(...) "
+                      f"returned (or torch.compile(..., backend='tilesmith')'s), not the original model",
+                      TilesmithWarning, stacklevel=3)
     return run
 
 

@@ -33,3 +33,11 @@ class BudgetExhausted(TilesmithError):
 
 class WorkerError(TilesmithError):
     """A gate worker process died, hung or answered outside the protocol."""
+
+
+class TilesmithWarning(UserWarning):
+    """Warned (once per call site, Python's default filter) when ``tilesmith.compile`` falls back to plain
+    ``torch.compile`` — the diagnostic says which piece was missing — or when ``tilesmith.diagnostics``,
+    ``benchmarks`` or ``wait`` get an object Tilesmith did not compile. ``warnings.filterwarnings("ignore",
+    category=tilesmith.errors.TilesmithWarning)`` silences both."""
+

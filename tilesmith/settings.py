@@ -94,6 +94,13 @@ def _text(text: str) -> str:
     return text
 
 
+def _model_name(text: str) -> str:
+    from tilesmith.agent import check_model_name  # its rule: a misspelt built-in agent (stdlib-only module)
+
+    check_model_name(text, "TILESMITH_MODEL")
+    return text
+
+
 def _progress(text: str) -> str:
     value = text.strip().lower()
     if value not in {"auto", "on", "off"}:
@@ -211,7 +218,7 @@ def _verify(text: str) -> VerifyPolicy | None:
 
 
 _SETTINGS = (
-    Setting("TILESMITH_MODEL", None, _text,
+    Setting("TILESMITH_MODEL", None, _model_name,
             "Optimizer model when compile() gets no agent_model: a model the proxy lists, or "
             "'tilesmith/builtin' for the built-in agent (no LLM, no keys)."),
     Setting("TILESMITH_CACHE_DIR", None, _text,

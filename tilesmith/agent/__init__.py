@@ -14,6 +14,27 @@ from typing import Any
 BUILTIN_MODEL = "tilesmith/builtin"
 
 
+#: Names a user may type for the built-in agent (compared lower-case, without spaces): not models any proxy serves.
+_BUILTIN_LOOKALIKES = {"builtin", "built-in", "built_in", "tilesmith", "tilesmith-builtin", "tilesmith_builtin",
+                       "tilesmith:builtin", "tilesmith.builtin"}
+
+
+def check_model_name(name: str, source: str) -> None:
+    """Refuse a model name that is a misspelling of the built-in agent's (``tilesmith/…`` other than
+    ``tilesmith/builtin``, or a bare ``builtin``): it would otherwise be sent to the LLM proxy and fall back to
+    plain torch.compile with only a ``missing_proxy`` diagnostic (new-user trial, session 19).
+
+    Raises:
+        ValueError: the message names ``source`` (the argument or variable) and the right spelling.
+    """
+    folded = name.strip().lower().replace(" ", "")
+    if folded == BUILTIN_MODEL and name != BUILTIN_MODEL:
+        raise ValueError(f"{source}={name!r}: the built-in agent is spelled {BUILTIN_MODEL!r} exactly")
+    if folded != BUILTIN_MODEL and (folded.startswith("tilesmith/") or folded in _BUILTIN_LOOKALIKES):
+        raise ValueError(f"{source}={name!r} is not a model Tilesmith knows: did you mean {BUILTIN_MODEL!r} (the "
+                         f"built-in agent)? An LLM is named as the private proxy lists it, e.g. 'gpt-5.5'.")
+
+
 def is_factory(value: Any) -> bool:
     """True for an object usable as an ``OptimizerFactory`` (has ``for_graph`` and ``close``)."""
     return callable(getattr(value, "for_graph", None)) and callable(getattr(value, "close", None))

@@ -159,6 +159,13 @@ def _model_check(checks: list[Check], model: str | None) -> str | None:
                             "proxy; an LLM model must be one the proxy lists)"))
         return BUILTIN
     source = "--model" if model else "TILESMITH_MODEL"
+    from tilesmith.agent import check_model_name
+
+    try:
+        check_model_name(chosen, source)
+    except ValueError as exc:
+        checks.append(Check("model", "error", str(exc), f"use {BUILTIN} or a model the proxy lists"))
+        return None
     if chosen == BUILTIN:
         checks.append(Check("model", "ok", f"{BUILTIN} (built-in agent, no LLM) from {source}"))
     else:
