@@ -248,7 +248,9 @@ _SETTINGS = (
     Setting("TILESMITH_GRAPH_BUDGET_S", "120", _positive_float,
             "Seconds the built-in agent may spend on one graph's first-call optimization: the search worker "
             "(measurements, configuration compiles and screens) plus gate evaluations. Past it the agent stops "
-            "with the best accepted candidate so far and a builtin_budget diagnostic naming what it skipped."),
+            "with the best accepted candidate so far and a builtin_budget diagnostic naming what it skipped. "
+            "Checked before each evaluation starts (one in progress finishes); not counted: Inductor's own "
+            "compile of the first call and the gate's start (its trusted worker), so a first call takes longer."),
     Setting("TILESMITH_MAX_TURNS", "40", _positive_int,
             "Agent turns per graph before the loop stops (the stop rule when max_model_calls is "
             "None; each turn ends with the agent's final answer)."),

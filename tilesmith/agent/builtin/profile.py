@@ -92,8 +92,10 @@ def run_search(source: str, device: str, *, timeout_s: float | None = None, max_
                 data = None
         if data is None or data.get("eager_ms") is None:
             if timed_out:
-                raise SearchFailed(f"the search worker exceeded {limit:.0f} s (TILESMITH_WORKER_TIMEOUT_S, or the "
-                                   "graph's time budget) before measuring the original wrapper")
+                raise SearchFailed(f"the search worker reached its limit of {limit:.0f} s before measuring the "
+                                   "original wrapper (the limit is what was left of the graph's time budget, "
+                                   "TILESMITH_GRAPH_BUDGET_S, at most TILESMITH_WORKER_TIMEOUT_S); raise "
+                                   "TILESMITH_GRAPH_BUDGET_S for graphs that compile slowly")
             tail = log_path.read_text(encoding="utf-8", errors="replace")[-800:]
             if data is None:
                 raise SearchFailed(f"the search worker exited with status {proc.returncode}: {tail.strip()}")
