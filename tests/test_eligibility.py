@@ -54,6 +54,19 @@ def test_dynamic_shapes_are_refused(test_mode):
     x = torch.randn(8)
     torch.testing.assert_close(compiled(x), torch.sin(x))
     assert _kinds(compiled) == ["dynamic_shapes"]
+    (diag,) = tilesmith.diagnostics(compiled)
+    assert "dynamic=False" in diag.message and "automatic dynamic shapes" in diag.message
+
+
+def test_a_graph_made_dynamic_by_a_new_shape_names_dynamos_automatic_dynamic_shapes(test_mode):
+    """No dynamic=True, no mark_dynamic: the second shape makes Dynamo recompile a dynamic graph, which stays on
+    Inductor with a diagnostic that says why it became dynamic (a new user was told to avoid mark_dynamic)."""
+    compiled = tilesmith.compile(torch.cos, example_inputs=(torch.randn(8),), agent_model=ScriptedFactory())
+    for n in (8, 5):
+        x = torch.randn(n)
+        torch.testing.assert_close(compiled(x), torch.cos(x))
+    dynamic = [d for d in tilesmith.diagnostics(compiled) if d.kind == "dynamic_shapes"]
+    assert len(dynamic) == 1 and "changes an input's shape" in dynamic[0].message, tilesmith.diagnostics(compiled)
 
 
 def test_cpu_graph_without_test_mode_is_refused_as_no_cuda_device(test_mode, monkeypatch):

@@ -83,9 +83,12 @@ def refusal(compiled: Any, example_inputs: Any, kwargs: dict[str, Any], *, allow
                 "Remedy: compile without mode='reduce-overhead'/'max-autotune' CUDA graphs and without "
                 "cpp_wrapper (e.g. mode='max-autotune-no-cudagraphs') to let Tilesmith optimize it.")
     if _is_dynamic(compiled, example_inputs):
-        return ("dynamic_shapes", f"graph {label} has dynamic shapes (symbolic sizes among its inputs); "
-                "Tilesmith optimizes static-shape graphs only. Remedy: compile with dynamic=False, or "
-                "avoid torch._dynamo.mark_dynamic, so each shape gets its own static graph.")
+        return ("dynamic_shapes", f"graph {label} is dynamic (symbolic sizes or integers among its inputs): "
+                "Dynamo makes a graph dynamic when a call changes an input's shape or a Python int argument "
+                "(automatic dynamic shapes), or because of dynamic=True or torch._dynamo.mark_dynamic. "
+                "Tilesmith optimizes static graphs only; it stays on Inductor. Remedy: compile with "
+                "dynamic=False, so each shape gets its own static graph (each then pays its own first-call "
+                "optimization: TILESMITH_OPTIMIZE=background keeps those calls on Inductor meanwhile).")
     device_types = sorted(str(d) for d in (getattr(compiled, "device_types", None) or ()))
     if len(device_types) > 1:
         return ("mixed_devices", f"graph {label} mixes devices {device_types}; Tilesmith optimizes "
