@@ -173,3 +173,30 @@ def test_an_unwritable_cache_root_still_optimizes_and_installs(test_mode, monkey
     assert "temporary folder" in unwritable.message and "TILESMITH_CACHE_DIR" in unwritable.message
     assert [r.kind for r in tilesmith.benchmarks(compiled)] == ["inference"], tilesmith.diagnostics(compiled)
     assert blocked.read_text() == "not a folder"
+
+
+def test_show_and_report_state_the_cpu_gates_own_bar(test_mode):
+    """In CPU test mode the gate asks more than min_improvement (a per-process allowance): `tilesmith show` and the
+    report say what, and the report's threshold line is drawn there for CPU-only runs (new-user trial 19: a 1.14×
+    rejection looked wrong next to a '+2 %' line)."""
+    import io
+
+    from tilesmith.cli.main import main
+    from tilesmith.gate.host.stats import CPU_PROCESS_ALLOWANCE
+
+    model = TwoLayer().eval()
+    x = torch.randn(8, 64)
+    compiled = tilesmith.compile(model, example_inputs=(x,), agent_model=ScriptedFactory())
+    with torch.no_grad():
+        compiled(x)
+    (run,) = [p.name for p in (test_mode / "runs").iterdir()]
+    doc = json.loads((test_mode / "runs" / run / "run.json").read_text())
+    assert doc["cpu_gate_bar"] == {"median_at_least": 1 + max(0.02, CPU_PROCESS_ALLOWANCE),
+                                   "ci_low_above": 1 + CPU_PROCESS_ALLOWANCE / 2}
+    out = io.StringIO()
+    assert main(["--root", str(test_mode), "show", run], out=out) == 0
+    assert f"median speedup >= {1 + CPU_PROCESS_ALLOWANCE:g}x" in out.getvalue()
+    out = io.StringIO()
+    assert main(["--root", str(test_mode), "report", run], out=out) == 0
+    html = (test_mode / "runs" / run / "report.html").read_text()
+    assert "CPU test-mode graphs: the gate accepts a median speedup &gt;= 1.15x" in html

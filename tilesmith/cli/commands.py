@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from tilesmith.cli import _format as fmt
-from tilesmith.cli.rundata import RunData, TargetNotFound, TrackData, list_runs, number, resolve
+from tilesmith.cli.rundata import RunData, TargetNotFound, TrackData, cpu_gate_text, list_runs, number, resolve
 
 
 def cmd_runs(root: Path, out: TextIO, *, as_json: bool = False, limit: int | None = None) -> int:
@@ -72,6 +72,9 @@ def _write_run_header(run: RunData, out: TextIO, *, diagnostics: bool) -> None:
     if number(d.get("min_improvement")) is not None:
         parts.append(f"min_improvement {100 * d['min_improvement']:g} %")
     out.write("  " + "  ".join(parts) + "\n")
+    cpu_bar = cpu_gate_text(d)
+    if cpu_bar:
+        out.write(f"  {cpu_bar}\n")
     env = [f"{label} {d[k]}" for k, label in (("torch", "torch"), ("triton", "triton"), ("cuda", "CUDA"),
                                                ("device_name", "device")) if d.get(k)]
     if env:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from tilesmith.cli import _format as fmt
-from tilesmith.cli.rundata import RunData, TrackData, number
+from tilesmith.cli.rundata import RunData, TrackData, cpu_gate_text, number
 from tilesmith.secrets import redact
 
 TEMPLATE = "report.html.j2"
@@ -139,6 +139,12 @@ def render(run: RunData, base: Path | None = None) -> str:
             f"loops {d.get('loops', '-')}", f"max_model_calls {'unlimited' if budget is None else budget}"]
     if min_imp is not None:
         meta.append(f"gate threshold {100 * min_imp:g} %")
+    cpu_bar = cpu_gate_text(d)
+    if cpu_bar:
+        meta.append(cpu_bar)
+        bar = number(d["cpu_gate_bar"]["median_at_least"])
+        if tracks and bar is not None and all(t.device.startswith("cpu") for t in tracks):
+            min_imp = bar - 1.0  # the line the plot draws: what these graphs had to clear
     meta += [f"{label} {d[k]}" for k, label in (("torch", "torch"), ("triton", "triton"), ("cuda", "CUDA"),
                                                 ("device_name", "device")) if d.get(k)]
     best = run.best_speedup

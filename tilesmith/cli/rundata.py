@@ -50,6 +50,16 @@ def number(value: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def cpu_gate_text(doc: dict[str, Any]) -> str:
+    """What the CPU test-mode gate asked of a candidate in this run (``run.json``'s ``cpu_gate_bar``), or ``""``:
+    its bar is above ``min_improvement`` (tilesmith.gate.host.stats.CPU_PROCESS_ALLOWANCE)."""
+    bar = doc.get("cpu_gate_bar")
+    if not isinstance(bar, dict) or number(bar.get("median_at_least")) is None or number(bar.get("ci_low_above")) is None:
+        return ""
+    return (f"CPU test-mode graphs: the gate accepts a median speedup >= {bar['median_at_least']:g}x with its "
+            f"interval's low end > {bar['ci_low_above']:g}x (a per-process allowance, docs/gate.md)")
+
+
 @dataclass(frozen=True)
 class TimingSamples:
     """One timing block of a gate report (``label`` is ``"measurement"`` or ``"confirmation"``)."""
@@ -106,6 +116,10 @@ class TrackData:
     @property
     def status(self) -> str:
         return str(self.doc.get("status") or "unknown")
+
+    @property
+    def device(self) -> str:
+        return str(self.doc.get("device") or "")
 
     @property
     def benchmark(self) -> dict[str, Any] | None:
