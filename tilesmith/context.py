@@ -56,6 +56,11 @@ class RunContext(Protocol):
         """Record a diagnostic made elsewhere (a session's, the cache's)."""
         ...
 
+    def retire_diagnostic(self, kind: str, graph_key: str, /) -> None:
+        """Drop the run's ``kind`` diagnostics of one graph from what ``tilesmith.diagnostics`` answers (a
+        status that no longer holds, e.g. ``optimizing_in_background`` once decided); ``run.json`` keeps them."""
+        ...
+
     def start_background(self, thread: threading.Thread, /) -> None:
         """Start a daemon thread that re-checks or optimizes one graph; ``tilesmith.wait`` joins it."""
         ...

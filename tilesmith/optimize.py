@@ -127,6 +127,9 @@ def _stages(run: RunContext, handle: Any, track: Track, snap: Any, hit: Any, bac
         snapshot.remove(snap)
         if handle.state in (GraphState.RECHECKING, GraphState.OPTIMIZING):
             handle.state = GraphState.INSTALLED if handle.record is not None else GraphState.KEPT_INDUCTOR
+        if background:  # decided: the "running in the background" status no longer holds (the decision's own
+            for kind in ("optimizing_in_background", "cache_rechecking"):  # diagnostic or record says what happened)
+                run.retire_diagnostic(kind, track.key)
 
 
 def _run_optimizer(run: RunContext, handle: Any, track: Track, gate: Any, progress: Any) -> str:

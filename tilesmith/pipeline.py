@@ -167,6 +167,10 @@ class LiveRun:
             with self.lock:
                 self.diagnostics.append(problem)
 
+    def retire_diagnostic(self, kind: str, graph_key: str) -> None:
+        with self.lock:
+            self.diagnostics[:] = [d for d in self.diagnostics if not (d.kind == kind and d.graph_key == graph_key)]
+
     # -- capture sink -------------------------------------------------------------------------
     def on_compiled(self, compiled: Any, fx_program: str, example_inputs: Any, kwargs: dict[str, Any]) -> None:
         """Check eligibility of a freshly compiled graph and, if eligible, install the trampoline."""
