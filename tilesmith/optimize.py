@@ -168,8 +168,8 @@ def _run_optimizer(run: RunContext, handle: Any, track: Track, gate: Any, progre
 
 def _no_win_message(session: GraphSession) -> str:
     if not session.verdicts:
-        return (f"graph {session.track.label}: the optimizer proposed no candidate (an optimizer that says "
-                "why records its own diagnostic for this graph). The graph stays on Inductor.")
+        return (f"graph {session.track.label}: the optimizer proposed no candidate, so the graph stays on "
+                "Inductor (where the optimizer said why, its own diagnostic for this graph is listed too).")
     stop = session.stop_reason() or "the optimizer had nothing more to propose"
     rejected = [v for v in session.verdicts if not v.accepted]
     tail = ""
