@@ -107,10 +107,20 @@ extern "C" void kernel(const float *w, const float *b, const float *x, const flo
 '''
 
 
-def _show(verdict) -> None:
+def _rejected_outside_clock(ln, kernel: str, name: str, note: str) -> None:
+    """Evaluate the deferring candidate built from ``kernel`` (LinearLN 32×64, CPU test mode, scan on) and assert
+    the gate rejects it with an ``outside_clock`` failure; prints the verdict (the speedups it was accepted at
+    before the fix are in the commit message)."""
+    from tilesmith.records import Candidate
+
+    gate, cap, _ = ln
+    verdict = gate.evaluate(Candidate(source=_deferring_source(cap.source, kernel, name, 64, 32),
+                                      proposer="redteam19", note=note))
     phases = [p for p in (verdict.timing, verdict.confirmation) if p is not None]
     print("\nRT19", verdict.status, [f"{p.speedup:.2f}x (CI low {p.ci_low:.2f}, k {p.calls_per_sample})" for p in phases],
           [r[:300] for r in verdict.reasons])
+    assert verdict.status != "accepted", (verdict.timing, verdict.confirmation)
+    assert "outside_clock" in {f.check for f in verdict.failures}, verdict.reasons
 
 
 @pytest.fixture(scope="module")
@@ -119,15 +129,7 @@ def ln(tmp_path_factory):
 
 
 def test_outputs_computed_by_a_signal_handler_after_the_clock_are_not_a_speedup(ln):
-    """Measured before the fix (CPU test mode, LinearLN 32×64, scan on): see the commit message."""
-    from tilesmith.records import Candidate
-
-    gate, cap, _ = ln
-    verdict = gate.evaluate(Candidate(source=_deferring_source(cap.source, SIGNAL, "cpp_defer", 64, 32),
-                                      proposer="redteam19", note="timer signal computes after the clock"))
-    _show(verdict)
-    assert verdict.status != "accepted", (verdict.timing, verdict.confirmation)
-    assert "outside_clock" in {f.check for f in verdict.failures}, verdict.reasons
+    _rejected_outside_clock(ln, SIGNAL, "cpp_defer", "timer signal computes after the clock")
 
 
 # -- 2. a thread started in a timed call computes the outputs after the sample's clock ------------------------------
@@ -178,15 +180,7 @@ extern "C" void kernel(const float *w, const float *b, const float *x, const flo
 
 
 def test_outputs_computed_by_a_thread_that_outlives_its_sample_are_not_a_speedup(ln):
-    """Measured before the fix (CPU test mode, LinearLN 32×64, scan on): see the commit message."""
-    from tilesmith.records import Candidate
-
-    gate, cap, _ = ln
-    verdict = gate.evaluate(Candidate(source=_deferring_source(cap.source, THREAD, "cpp_defer_t", 64, 32),
-                                      proposer="redteam19", note="a thread computes after the clock"))
-    _show(verdict)
-    assert verdict.status != "accepted", (verdict.timing, verdict.confirmation)
-    assert "outside_clock" in {f.check for f in verdict.failures}, verdict.reasons
+    _rejected_outside_clock(ln, THREAD, "cpp_defer_t", "a thread computes after the clock")
 
 
 # -- 3. a helper process forked during the timing warm-up ----------------------------------------------------------
@@ -247,12 +241,4 @@ extern "C" void kernel(const float *w, const float *b, const float *x, const flo
 
 
 def test_work_of_a_helper_forked_during_the_timing_warm_up_is_not_a_speedup(ln):
-    """Measured before the fix (CPU test mode, LinearLN 32×64, scan on): see the commit message."""
-    from tilesmith.records import Candidate
-
-    gate, cap, _ = ln
-    verdict = gate.evaluate(Candidate(source=_deferring_source(cap.source, HELPER, "cpp_defer_p", 64, 32),
-                                      proposer="redteam19", note="a helper forked in the warm-up"))
-    _show(verdict)
-    assert verdict.status != "accepted", (verdict.timing, verdict.confirmation)
-    assert "outside_clock" in {f.check for f in verdict.failures}, verdict.reasons
+    _rejected_outside_clock(ln, HELPER, "cpp_defer_p", "a helper forked in the warm-up")
