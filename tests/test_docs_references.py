@@ -22,7 +22,7 @@ URL = re.compile(r"(?:https?://|file://|(?<![\w/.-])(?:www\.)?(?:github\.com|[\w
                  r"[^\s)>\]`'\"]*")
 MD_NAME = re.compile(r"(?<![\w./-])((?:\.{1,2}/)?[\w.-]+(?:/[\w.-]+)*\.md)\b")
 REPO_PATH = re.compile(r"(?<![\w./<{*-])((?:%s)/[\w./-]*[\w/])" % "|".join(TOP))
-NOT_PATHS = {"tilesmith/builtin"}  # the built-in agent's model name
+NOT_PATHS = {"tilesmith/builtin", "tilesmith/bultin"}  # the built-in agent's model name, and a misspelling the API refuses
 #: File names that are conventions, not files of this repository: a skill folder's SKILL.md (docs/agent.md).
 NOT_FILES = {"SKILL.md"}
 MD_LINK = re.compile(r"\]\(([^)\s]+)\)")
