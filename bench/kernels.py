@@ -14,10 +14,11 @@ One run (a few minutes on the H200):
 4. times, per pattern, the native kernel, ``torch.compile`` (default) and ``torch.compile(mode=
    "max-autotune-no-cudagraphs")`` of the same function — L2 flushed before every call (``--flush``: ``clean``,
    a 256 MiB read, and ``dirty``, a 256 MiB write, which leaves modified lines the timed call must write back;
-   each timed separately, the first decides the criteria: :func:`make_flush`) and only the call between the CUDA
-   events; the arms interleaved in rounds whose order rotates; each arm's
-   round value is the median of its calls; the reported ratios are medians of per-round ratios with a 95 %
-   percentile-bootstrap interval (``tilesmith.gate.host.stats.paired_speedup``);
+   interleaved with each other and the arms, the first decides the criteria: :func:`make_flush`; with both, the
+   native kernel's dirty/clean ratio is reported too) and only the call between the CUDA events; the arms
+   interleaved in rounds whose order rotates; each arm's round value is the median of its calls; the reported
+   ratios are medians of per-round ratios with a 95 % percentile-bootstrap interval
+   (``tilesmith.gate.host.stats.paired_speedup``);
 5. prints a short table last and writes everything to ``--out`` (JSON).
 
 Patterns (the issue's shapes): int8 weight-only GEMV ``r + (x @ W.to(bf16).T) * scale`` with x 1×14336 bf16,
@@ -189,29 +190,32 @@ def make_flush(mode: str):
     raise ValueError(f"flush mode {mode!r}: clean or dirty")
 
 
-def time_arms(arms: dict[str, Any], rounds: int, calls: int, flush_mode: str = "dirty") -> dict[str, list[float]]:
-    """Per-arm per-round medians (ms) of single calls, L2 flushed before each (:func:`make_flush`), arms
-    rotated per round."""
-    flush = make_flush(flush_mode)
+def time_arms(arms: dict[str, Any], rounds: int, calls: int,
+              flush_modes: list[str]) -> dict[str, dict[str, list[float]]]:
+    """``{flush mode: {arm: per-round medians (ms)}}`` of single calls, the L2 flushed before each
+    (:func:`make_flush`); in every round each flush mode and, within it, each arm, in orders that rotate per round,
+    so both the arms and the flush modes are compared interleaved."""
+    flushes = {mode: make_flush(mode) for mode in flush_modes}
     names = list(arms)
     for name in names:  # warm-up (compilation, autotuning, first-call allocations)
         for _ in range(3):
             arms[name]()
     torch.cuda.synchronize()
-    per_round: dict[str, list[float]] = {n: [] for n in names}
+    per_round: dict[str, dict[str, list[float]]] = {m: {n: [] for n in names} for m in flush_modes}
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(calls)]
     for i in range(rounds):
-        order = names[i % len(names):] + names[:i % len(names)]
-        for name in order:
-            fn = arms[name]
-            for start, end in events:
-                flush()
-                start.record()
-                fn()
-                end.record()
-            torch.cuda.synchronize()
-            times = sorted(s.elapsed_time(e) for s, e in events)
-            per_round[name].append(times[len(times) // 2])
+        for mode in flush_modes[i % len(flush_modes):] + flush_modes[:i % len(flush_modes)]:
+            flush = flushes[mode]
+            for name in names[i % len(names):] + names[:i % len(names)]:
+                fn = arms[name]
+                for start, end in events:
+                    flush()
+                    start.record()
+                    fn()
+                    end.record()
+                torch.cuda.synchronize()
+                times = sorted(s.elapsed_time(e) for s, e in events)
+                per_round[mode][name].append(times[len(times) // 2])
     return per_round
 
 
@@ -314,9 +318,9 @@ def main(argv: list[str] | None = None) -> int:
             return {"median": st.speedup, "ci_low": st.ci_low, "ci_high": st.ci_high}
 
         by_flush = {}
-        for mode in flushes:  # each flush mode timed separately, the arms interleaved within it
-            with torch.no_grad():
-                samples = time_arms(arms, args.rounds, args.calls, mode)
+        with torch.no_grad():
+            timed = time_arms(arms, args.rounds, args.calls, flushes)
+        for mode, samples in timed.items():
             by_flush[mode] = {"median_ms": {k: sorted(v)[len(v) // 2] for k, v in samples.items()},
                               "samples_ms": samples,
                               "native_over_floor": ratio(samples["native"], floor),
@@ -326,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{pat['name']} ({mode} L2): floor {floor_ms:.4f} ms, native {m['native']:.4f} ms "
                   f"({by_flush[mode]['native_over_floor']['median']:.2f}x), inductor {m['inductor']:.4f} ms, "
                   f"max-autotune {m['max_autotune']:.4f} ms", flush=True)
+        if {"clean", "dirty"} <= set(timed):  # the flush's own effect, from interleaved rounds
+            by_flush[flushes[0]]["native_dirty_over_clean"] = ratio(timed["dirty"]["native"], timed["clean"]["native"])
         entry = {"name": pat["name"], "shape": pat["shape"], "bytes": pat["bytes"], "floor_ms": floor_ms,
                  "kernel": pat["kernel"], "compile_s": compile_s, "correctness": correctness, "flush": flushes[0],
                  **by_flush[flushes[0]], "by_flush": {k: v for k, v in by_flush.items() if k != flushes[0]},
@@ -348,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).write_text(json.dumps(result, indent=1))
 
     print(f"\nnative kernels vs floor and torch.compile ({result['device']}, copy {limits.copy_gbps:.0f} GB/s, "
-          f"{args.rounds} rounds x {args.calls} calls, {flushes[0]} L2 flush; ratios: median of per-round ratios [95% CI])")
+          f"{args.rounds} rounds x {args.calls} calls, {flushes[0]} L2 flush; ratios: median of per-round ratios "
+          f"[95% CI])")
     print(f"{'pattern':26s} {'floor ms':>9s} {'native ms':>10s} {'x floor':>18s} {'inductor ms':>12s} {'x native':>18s}"
           f" {'max-at ms':>10s} {'x native':>18s}  ok")
     for e in rows:
@@ -358,6 +365,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{m['inductor']:12.4f} {show(e['inductor_over_native']):>18s} {m['max_autotune']:10.4f} "
               f"{show(e['max_autotune_over_native']):>18s}  {'yes' if ok else 'NO'}")
     for e in rows:
+        if "native_dirty_over_clean" in e:
+            print(f"{e['name']}: native after the dirty flush / after the clean flush = "
+                  f"{show(e['native_dirty_over_clean'])}")
         for mode, other in e["by_flush"].items():
             print(f"{e['name']} with the {mode} flush: native {other['median_ms']['native']:.4f} ms = "
                   f"{show(other['native_over_floor'])} x floor")

@@ -114,11 +114,11 @@ class LiveRun:
             "min_improvement": options.min_improvement})
         self.folder.metadata.update(self._environment())
         if options.allow_cpu:  # the CPU gate's own bar (a per-process allowance), shown by `tilesmith show`/`report`
-            from tilesmith.gate.host.stats import CPU_PROCESS_ALLOWANCE
+            from tilesmith.gate.host.stats import CPU_PROCESS_ALLOWANCE, acceptance_bar
 
-            self.folder.metadata["cpu_gate_bar"] = {
-                "median_at_least": round(1.0 + max(options.min_improvement, CPU_PROCESS_ALLOWANCE), 6),
-                "ci_low_above": round(1.0 + CPU_PROCESS_ALLOWANCE / 2, 6)}
+            median_at_least, ci_low_above = acceptance_bar(options.min_improvement, CPU_PROCESS_ALLOWANCE)
+            self.folder.metadata["cpu_gate_bar"] = {"median_at_least": round(median_at_least, 6),
+                                                    "ci_low_above": round(ci_low_above, 6)}
         self.diagnostics: list[Diagnostic] = []
         self.benchmarks: list[BenchmarkRecord] = []
         self.handles: list[GraphHandle] = []

@@ -200,11 +200,7 @@ class Progress:
         text = redact(text)
         with self._lock:
             log.info("%s", text)
-            try:
-                mode = self._mode or settings.get("TILESMITH_PROGRESS")
-            except ValueError:
-                mode = "auto"
-            if mode == "off" or not (force or self.enabled()):
+            if self._mode_now() == "off" or not (force or self.enabled()):
                 return
             try:
                 self.stream.write((_ERASE if self._is_tty() else "") + text + "\n")

@@ -54,7 +54,7 @@ def cpu_gate_text(doc: dict[str, Any]) -> str:
     """What the CPU test-mode gate asked of a candidate in this run (``run.json``'s ``cpu_gate_bar``), or ``""``:
     its bar is above ``min_improvement`` (tilesmith.gate.host.stats.CPU_PROCESS_ALLOWANCE)."""
     bar = doc.get("cpu_gate_bar")
-    if not isinstance(bar, dict) or number(bar.get("median_at_least")) is None or number(bar.get("ci_low_above")) is None:
+    if not isinstance(bar, dict) or any(number(bar.get(k)) is None for k in ("median_at_least", "ci_low_above")):
         return ""
     return (f"CPU test-mode graphs: the gate accepts a median speedup >= {bar['median_at_least']:g}x with its "
             f"interval's low end > {bar['ci_low_above']:g}x (a per-process allowance, docs/gate.md)")

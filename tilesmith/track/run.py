@@ -8,8 +8,8 @@ eligible, no optimizer configured) leaves nothing on disk, and its diagnostics s
 ``os.replace``), so readers (the CLI) never see a torn file.
 
 Disk trouble (read-only or full) never breaks the user's model call: the run moves to a private temporary folder
-(removed at exit; the gate still needs its tracks' files), or where that fails too later writes are skipped, and
-the caller gets a ``Diagnostic`` of kind ``disk_unwritable`` once.
+(removed with the run or at exit; the gate still needs its tracks' files), or where that fails too later writes
+are skipped, and the caller gets a ``Diagnostic`` of kind ``disk_unwritable`` once.
 """
 
 from __future__ import annotations
@@ -92,15 +92,16 @@ class RunFolder:
 
     def _move_to_temporary(self, exc: OSError, document: dict[str, Any]) -> Diagnostic:
         """The run folder cannot be written (the cache root is a file, read-only or full): the run's tracks — the
-        gate needs their snapshot inputs and attempts — go to a private temporary folder, removed when the process
-        exits; the records are not kept. Where even that fails, later writes are skipped."""
+        gate needs their snapshot inputs and attempts — go to a private temporary folder, removed when this run
+        folder is collected or the process exits; the records are not kept. Where even that fails, later writes
+        are skipped."""
         wanted = self.folder
         try:
             self.folder = Path(tempfile.mkdtemp(prefix=f"tilesmith-run-{self.run_id}-"))
             weakref.finalize(self, shutil.rmtree, str(self.folder), True)
             write_json_atomic(self.folder / "run.json", document)
-            where = (f"this run's records go to a temporary folder, {self.folder}, removed when the process exits, "
-                     "and Tilesmith keeps optimizing")
+            where = (f"this run's records go to a temporary folder, {self.folder}, removed when the run ends or the "
+                     "process exits, and Tilesmith keeps optimizing")
         except OSError as again:
             self.writable = False
             where = f"nor a temporary folder ({again}); later records are skipped"

@@ -28,6 +28,7 @@ from typing import Any
 
 import tilesmith
 from tilesmith import settings
+from tilesmith._proc import session_processes
 from tilesmith.errors import WorkerError
 from tilesmith.gate import protocol
 from tilesmith.gate.host.caches import PRIVATE_CACHE_DIRS, copy_cache_template, private_folder, seed_private_cache
@@ -154,27 +155,6 @@ def os_threads(pid: int) -> int:
         return len(os.listdir(f"/proc/{int(pid)}/task"))
     except OSError:
         return 0
-
-
-def session_processes(sid: int) -> list[int]:
-    """Live processes other than ``sid`` whose session id is ``sid`` (a worker starts its own session), from
-    ``/proc/*/stat`` (field 6). Zombies are not counted (they run nothing)."""
-    found = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return []
-    for entry in entries:
-        if not entry.isdigit() or int(entry) == int(sid):
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as handle:
-                fields = handle.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        if len(fields) > 3 and int(fields[3]) == int(sid) and fields[0] != b"Z":
-            found.append(int(entry))
-    return found
 
 
 def process_cpu_ms(pid: int) -> float | None:

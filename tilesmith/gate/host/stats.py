@@ -126,18 +126,25 @@ def decide(baseline_ms: list[float] | tuple[float, ...], candidate_ms: list[floa
         return "pass", st
     if st.ci_high < 1.0:
         return "slower", st
-    if st.ci_high < 1.0 + max(min_improvement, allowance):
+    if st.ci_high < acceptance_bar(min_improvement, allowance)[0]:
         return classify(st, min_improvement, allowance), st
     if st.n >= max_pairs:
         return classify(st, min_improvement, allowance), st
     return "continue", st
 
 
+def acceptance_bar(min_improvement: float, allowance: float = 0.0) -> tuple[float, float]:
+    """``(median_at_least, ci_low_above)`` of the acceptance rule, as speedup factors: ``1 + max(min_improvement,
+    allowance)`` and ``1 + allowance / 2`` (both arguments fractions; ``allowance`` e.g.
+    :data:`CPU_PROCESS_ALLOWANCE`, for a per-process bias the samples cannot show)."""
+    return 1.0 + max(min_improvement, allowance), 1.0 + allowance / 2
+
+
 def passes(stats: PairedStats, min_improvement: float, allowance: float = 0.0) -> bool:
-    """The acceptance rule above (``min_improvement`` as a fraction, e.g. 0.02). ``allowance`` (a fraction, e.g.
-    :data:`CPU_PROCESS_ALLOWANCE`) for a per-process bias the samples cannot show: the median must reach
-    ``1 + max(min_improvement, allowance)`` and the low end exceed ``1 + allowance / 2``."""
-    return stats.speedup >= 1.0 + max(min_improvement, allowance) and stats.ci_low > 1.0 + allowance / 2
+    """The acceptance rule above (``min_improvement`` as a fraction, e.g. 0.02): the median reaches and the
+    interval's low end exceeds :func:`acceptance_bar`."""
+    median_at_least, ci_low_above = acceptance_bar(min_improvement, allowance)
+    return stats.speedup >= median_at_least and stats.ci_low > ci_low_above
 
 
 def guard_holds(speedup_vs_baseline: float, allowance: float = 0.0) -> bool:

@@ -54,12 +54,12 @@ def slow(label: str, kind: str, timing: Any, confirmation: Any, phase: str, *, m
     ``"unconfirmed"`` → ``rejected_unconfirmed`` (the measurement passed, the confirmation did not), else
     ``rejected_marginal``. The reason gives the speedup, its interval, the samples and what acceptance needs."""
     t = confirmation if confirmation is not None else timing
-    bar = 1.0 + max(min_improvement, allowance)
+    bar, low = stats.acceptance_bar(min_improvement, allowance)
     baseline = "the accepted incumbent" if t.baseline_label == "incumbent" else "the original Inductor wrapper"
     level = 100.0 * (1.0 - stats.look_alpha(pairs))
     text = (f"{label}: [{phase}] speedup over {baseline} is {t.speedup:.4f} ({level:.1f}% CI "
             f"{t.ci_low:.4f}–{t.ci_high:.4f}, {len(t.baseline_ms)} paired samples of {t.calls_per_sample} "
-            f"calls); acceptance needs a median ≥ {bar:.4f} and a CI lower bound > {1.0 + allowance / 2:g}"
+            f"calls); acceptance needs a median ≥ {bar:.4f} and a CI lower bound > {low:g}"
             + (" (CPU test mode: a per-process allowance, see docs/gate.md)" if allowance else ""))
     if t.speedup_vs_control is not None and t.speedup_vs_control_ci is not None:
         lo, hi = t.speedup_vs_control_ci

@@ -34,6 +34,7 @@ import os
 import signal
 from typing import Any
 
+from tilesmith import _proc
 from tilesmith.gate.protocol import OUTSIDE_CLOCK
 
 #: Signals delivered at a fault in the thread that caused it (a mask cannot hold them back), plus the two no mask
@@ -123,20 +124,6 @@ def changes(base: dict[str, Any], now: dict[str, Any], where: str) -> dict[str, 
 
 
 def session_processes() -> int:
-    """Live (not zombie) processes of this process's session other than itself (a worker leads its own session)."""
-    sid, me, count = os.getsid(0), os.getpid(), 0
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return 0
-    for entry in entries:
-        if not entry.isdigit() or int(entry) == me:
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as handle:
-                fields = handle.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 3 and int(fields[3]) == sid and fields[0] != b"Z":
-            count += 1
-    return count
+    """Live (not zombie) processes of this process's session other than its leader, the worker itself (it leads its
+    own session): :func:`tilesmith._proc.session_processes`, which the host's count uses too."""
+    return len(_proc.session_processes(os.getsid(0)))

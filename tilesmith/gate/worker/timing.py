@@ -68,9 +68,9 @@ class _Session:
     """State of one timing run between its requests (lives in the worker only)."""
 
     def __init__(self, arms: dict[int, Any], pool: list[list[Any]], first: InputSet, flush: torch.Tensor,
-                 static: tuple[int, ...], start: dict[str, Any] | None = None) -> None:
+                 static: tuple[int, ...], start: dict[str, Any]) -> None:
         self.arms, self.pool, self.first, self.flush, self.static = arms, pool, first, flush, static
-        self.start = start or {}
+        self.start = start
         """:func:`.outside.snapshot` (threads included) before the run's first timed call."""
         self.sets: list[InputSet] = []
         self.held: tuple[int, int, list[Any]] | None = None
