@@ -30,6 +30,13 @@ correctness checks are deterministic and run in part 3). Prints a table and writ
     python bench/gate_calibration.py --graphs none --memory --out $OUT/gate_memory.json   # the memory cases alone
     python bench/gate_calibration.py --aa 150 --gain 100 --out $OUT/gate_calibration.json  # ≥ 300 A/A gates in all
     TILESMITH_ALLOW_CPU=1 python bench/gate_calibration.py --device cpu --quick --out /tmp/calib.json  # smoke test
+    python bench/gate_calibration.py --merge a.json b.json --out both.json  # pool the trials of several calls
+
+``--merge`` pools runs of the same graph (a device call is limited to 600 s, and 300 A/A gates of a 0.5 ms graph
+take ~570 s): per graph and block, gates, accepted, first-phase passes and seconds add up, the medians are
+recomputed from the pooled per-gate speedups, and each run's own summary is kept under ``runs``. The trials are
+independent gates, so pooling is sound only for runs of the same gate code and settings: the merge refuses runs
+whose ``pairs``, ``threshold`` or ``looks`` differ.
 """
 
 from __future__ import annotations
@@ -388,7 +395,16 @@ def main() -> int:
     parser.add_argument("--aa-share", type=float, default=0.5,
                         help="with --budget-s: the A/A block's fraction of a graph's trial time (the 5%% block gets "
                              "the rest; default 0.5)")
+    parser.add_argument("--merge", type=Path, nargs="+", default=None, metavar="JSON",
+                        help="pool the trials of these calibration JSONs into --out (no gate runs; docstring)")
     args = parser.parse_args()
+    if args.merge:
+        merged = merge(args.merge)
+        print_table(merged)
+        if args.out:
+            args.out.write_text(json.dumps(merged, indent=1))
+            print(f"wrote {args.out}")
+        return 0
     if args.quick:
         args.aa, args.gain, args.wall_repeats = min(args.aa, 100), min(args.gain, 40), min(args.wall_repeats, 2)
     if args.device == "cpu":
@@ -476,6 +492,47 @@ def main() -> int:
     if path is not None:
         print(f"wrote {path}")
     return 0
+
+
+def merge(paths: list[Path]) -> dict[str, Any]:
+    """Pool several calibration JSONs (module docstring); raises ``ValueError`` when their rule settings differ."""
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    first = runs[0]
+    for key in ("pairs", "threshold", "looks"):
+        if any(r.get(key) != first.get(key) for r in runs):
+            raise ValueError(f"cannot merge: '{key}' differs between the runs "
+                             f"({[r.get(key) for r in runs]}); pool only runs of the same gate settings")
+    out: dict[str, Any] = {k: first.get(k) for k in ("device", "torch", "pairs", "looks", "look_alpha", "threshold")}
+    out["devices"] = sorted({str(r.get("device")) for r in runs})
+    out["merged_from"] = [str(p) for p in paths]
+    out["total_s"] = sum(float(r.get("total_s") or 0.0) for r in runs)
+    out["graphs"] = {}
+    for name in dict.fromkeys(g for r in runs for g in r.get("graphs", {})):
+        rows = [r["graphs"][name] for r in runs if name in r.get("graphs", {})]
+        row: dict[str, Any] = {"runs": rows, "gate_start_s": statistics.median(x["gate_start_s"] for x in rows),
+                               "original_call_ms": statistics.median(x["original_call_ms"] for x in rows),
+                               "extra_work": rows[-1].get("extra_work"),
+                               "gate_wall": [w for x in rows for w in x.get("gate_wall", [])]}
+        for block in ("aa", "gain5"):
+            parts = [x[block] for x in rows if block in x and x[block].get("gates")]
+            if not parts:
+                continue
+            speedups = [s for p in parts for s in p["speedups"]]
+            gates = sum(p["gates"] for p in parts)
+            seconds = sum(p["seconds"] for p in parts)
+            row[block] = {"gates": gates, "accepted": sum(p["accepted"] for p in parts),
+                          "first_phase_passed": sum(p["first_phase_passed"] for p in parts),
+                          "median_speedup": statistics.median(speedups),
+                          "median_speedup_per_worker": {}, "cross_process_per_worker": {},
+                          "median_cross_process_per_run": [p["median_cross_process"] for p in parts],
+                          "median_cross_process": statistics.median(p["median_cross_process"] for p in parts),
+                          "mean_pairs_per_gate": sum(p["mean_pairs_per_gate"] * p["gates"] for p in parts) / gates,
+                          "seconds": seconds, "seconds_per_gate": seconds / gates, "speedups": speedups}
+        for kind in ("identical", "5% faster than incumbent"):
+            walls = [w["wall_s"] for w in row["gate_wall"] if w["kind"] == kind]
+            row[f"median_wall_s[{kind}]"] = statistics.median(walls) if walls else None
+        out["graphs"][name] = row
+    return out
 
 
 def print_table(results: dict[str, Any]) -> None:
