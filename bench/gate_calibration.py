@@ -436,7 +436,8 @@ def main() -> int:
         two each)."""
         if args.budget_s is None:
             return None
-        left = args.budget_s - (time.monotonic() - started) - 60.0 * graphs_left - (120.0 if args.memory else 0.0)
+        reserve = 60.0 if (args.gain or args.wall_repeats) else 5.0  # an A/A-only run has nothing after its block
+        left = args.budget_s - (time.monotonic() - started) - reserve * graphs_left - (120.0 if args.memory else 0.0)
         part = left / max(1, graphs_left) * args.aa_share if aa_block else left / max(1, 2 * graphs_left - 1)
         return time.monotonic() + max(10.0, part)
 
@@ -456,9 +457,12 @@ def main() -> int:
             gate.control = args.control
         trials = Trials(gate, args.aa_workers, control=gate.control)
         try:
-            slow_source, amount, ratio = calibrate_extra(trials, cap.source, args.device, 0.05, pairs)
-            row["extra_work"] = {"amount": amount, "unit": "seconds" if args.device == "cpu" else "cycles",
-                                 "measured_speedup": ratio}
+            if args.gain or args.wall_repeats:
+                slow_source, amount, ratio = calibrate_extra(trials, cap.source, args.device, 0.05, pairs)
+                row["extra_work"] = {"amount": amount, "unit": "seconds" if args.device == "cpu" else "cycles",
+                                     "measured_speedup": ratio}
+            else:  # A/A only (--gain 0 --wall-repeats 0): no slowed incumbent is needed
+                slow_source, row["extra_work"] = cap.source, None
             # calibrate_extra left the slowed incumbent as the control; an A/A trial's baseline is the original
             # (before 2026-12-04 it was not reset, and the in-process A/A ratios of 1.04-1.06 were this slowdown).
             trials.use_control(cap.source)
@@ -511,7 +515,7 @@ def merge(paths: list[Path]) -> dict[str, Any]:
         rows = [r["graphs"][name] for r in runs if name in r.get("graphs", {})]
         row: dict[str, Any] = {"runs": rows, "gate_start_s": statistics.median(x["gate_start_s"] for x in rows),
                                "original_call_ms": statistics.median(x["original_call_ms"] for x in rows),
-                               "extra_work": rows[-1].get("extra_work"),
+                               "extra_work": next((x["extra_work"] for x in reversed(rows) if x.get("extra_work")), None),
                                "gate_wall": [w for x in rows for w in x.get("gate_wall", [])]}
         for block in ("aa", "gain5"):
             parts = [x[block] for x in rows if block in x and x[block].get("gates")]
