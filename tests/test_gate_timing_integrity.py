@@ -29,6 +29,7 @@ from tilesmith.gate.host.reference import RefResult
 from tilesmith.gate.host.timing import choose_k
 from tilesmith.gate.inputs import call_values, distinct_capacity, fill_set, roll_finite_
 from tilesmith.gate.worker.timing import run_timing
+from tilesmith.gate.worker import outside
 
 ROUNDS = 30
 K = 4
@@ -49,6 +50,13 @@ class _ThreadWorker:
                                     modules={n: SimpleNamespace(fn=f) for n, f in fns.items()},
                                     inputs=lambda path: pool[path])
         self.pid, self.role, self.label, self.stopped = 0, "candidate", "thread worker", False
+        # The real worker's baseline (core._take_baselines): processes already in the session (this pytest's, when
+        # it shares a terminal session with other jobs) are not ones a candidate started.
+        self.fake.base_processes = outside.session_processes()
+        # The host's side shares this process: its first sequential look (the bootstrap in stats.decide) starts a
+        # thread, which the worker side would count as the candidate's (a real worker is another process). Start it
+        # now, before the run's baseline, so this file passes alone as well as after other tests.
+        stats.decide([1.0] * 10, [1.0] * 10, 30, 0.02, seed=0)
         self.inbox: queue.Queue = queue.Queue()
         self.outbox: queue.Queue = queue.Queue()
         self.thread = threading.Thread(target=self._serve, daemon=True)
