@@ -114,7 +114,10 @@ def _stages(run: RunContext, handle: Any, track: Track, snap: Any, hit: Any, bac
             progress.graph_finished(label, outcome)
         log.info("tilesmith: graph %s: %s after %.1f s", label, outcome, time.monotonic() - started)
     except BaseException as exc:  # noqa: BLE001 - in the thread nothing may escape; inline the caller reports
-        if not background or isinstance(exc, KeyboardInterrupt):
+        if isinstance(exc, KeyboardInterrupt):
+            _interrupted(run, track, hit is not None, progress)
+            raise
+        if not background:
             raise
         what = "re-check" if hit is not None else "optimization"
         log.exception("tilesmith: background %s of %s failed", what, label)
@@ -130,6 +133,27 @@ def _stages(run: RunContext, handle: Any, track: Track, snap: Any, hit: Any, bac
         if background:  # decided: the "running in the background" status no longer holds (the decision's own
             for kind in ("optimizing_in_background", "cache_rechecking"):  # diagnostic or record says what happened)
                 run.retire_diagnostic(kind, track.key)
+
+
+def _interrupted(run: RunContext, track: Track, recheck: bool, progress: Any) -> None:
+    """Ctrl-C (``KeyboardInterrupt``) stopped the graph's optimization: say so before it propagates.
+
+    Without this the graph stayed on Inductor for the rest of the process with no diagnostic, and
+    ``track.json`` kept ``status: optimizing`` (``tilesmith show`` then reported it as still optimizing).
+    Recording must not hide the interrupt: a failure here is only logged.
+    """
+    what = "artifact-cache re-check" if recheck else "first-call optimization"
+    try:
+        keep_inductor(run, track, "optimization_interrupted",
+                      f"graph {track.label}: its {what} was interrupted (KeyboardInterrupt) before the gate "
+                      "decided; the graph stays on Inductor for the rest of this process. Remedy: let the first "
+                      "call finish (TILESMITH_GRAPH_BUDGET_S bounds the built-in agent's part), or set "
+                      "TILESMITH_OPTIMIZE=background so that it returns at once; a new process optimizes the "
+                      "graph again.")
+        if progress:
+            progress.graph_finished(track.label, "interrupted, kept Inductor")
+    except Exception:  # noqa: BLE001 - the interrupt must still propagate
+        log.exception("tilesmith: could not record the interrupted optimization of %s", track.label)
 
 
 def _run_optimizer(run: RunContext, handle: Any, track: Track, gate: Any, progress: Any) -> str:
