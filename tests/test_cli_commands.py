@@ -48,6 +48,20 @@ def test_runs_json_and_limit(root):
     assert only["best_speedup"] == pytest.approx(1.78, abs=0.05)
 
 
+def test_root_after_the_command_is_accepted_and_a_root_before_it_is_kept(root, tmp_path_factory):
+    """``tilesmith runs --root DIR`` (a new user's order) was an argparse error: "unrecognized arguments"."""
+    path, _ = root
+    _, expected = run_cli("--root", str(path), "runs")
+    assert run_cli("runs", "--root", str(path)) == (0, expected)
+    code, text = run_cli("--root", str(path), "show", "latest")
+    assert run_cli("show", "latest", "--root", str(path)) == (code, text) and code == 0
+    assert run_cli("cache", "prune", "--root", str(path), "--dry-run")[0] == 0
+    listed = run_cli("--root", str(path), "cache")
+    assert run_cli("cache", "list", "--root", str(path)) == listed == run_cli("cache", "--root", str(path))
+    other = tmp_path_factory.mktemp("empty")
+    assert run_cli("--root", str(path), "runs", "--root", str(other))[1] == run_cli("--root", str(other), "runs")[1]
+
+
 def test_runs_on_an_empty_root_says_where_it_looked(tmp_path):
     code, text = run_cli("--root", str(tmp_path), "runs")
     assert code == 0 and str(tmp_path / "runs") in text and "TILESMITH_CACHE_DIR" in text
