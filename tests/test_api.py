@@ -231,3 +231,19 @@ def test_asking_about_an_object_tilesmith_did_not_compile_warns():
         warnings.simplefilter("error", TilesmithWarning)
         assert [d.kind for d in tilesmith.diagnostics(compiled)] == ["missing_example_inputs"]
 
+
+
+def test_wait_rejects_a_timeout_that_is_not_seconds():
+    """tilesmith.wait(m, "5") failed inside the run with "unsupported operand type(s) for +: 'float' and 'str'"."""
+    with pytest.warns(tilesmith.errors.TilesmithWarning):
+        compiled = tilesmith.compile(TwoLayer().eval(), agent_model="tilesmith/builtin")  # falls back: no inputs
+    with pytest.raises(TypeError, match=r"tilesmith.wait: timeout_s must be None \(no limit\) or a number of "
+                                        r"seconds, got str '5'"):
+        tilesmith.wait(compiled, "5")
+    with pytest.raises(TypeError, match="got bool"):
+        tilesmith.wait(compiled, True)
+    for bad in (-1, float("nan")):
+        with pytest.raises(ValueError, match="timeout_s must be >= 0 seconds"):
+            tilesmith.wait(compiled, bad)
+    assert tilesmith.wait(compiled, 0) is True and tilesmith.wait(compiled, 2.5) is True
+    assert tilesmith.wait(compiled) is True
