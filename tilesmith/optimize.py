@@ -9,6 +9,7 @@ diagnostic saying why.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
@@ -75,10 +76,45 @@ def optimize_graph(run: RunContext, handle: Any, track: Track, inputs: list[Any]
 
 
 def _defer(run: RunContext, track: Track, snap: Any, hit: Any, handle: Any, what: str) -> None:
-    """Run :func:`_stages` in a daemon thread that owns ``snap`` from here on (``run.wait`` joins it)."""
-    thread = threading.Thread(target=_stages, args=(run, handle, track, snap, hit, True), daemon=True,
-                              name=f"tilesmith-{what}-{track.key[:8]}")
+    """Run :func:`_stages` in a daemon thread that owns ``snap`` from here on (``run.wait`` joins it).
+
+    Should the process exit before the thread decides, an ``atexit`` callback records that (``background_abandoned``
+    in ``track.json``, a :class:`~tilesmith.errors.TilesmithWarning` on stderr) instead of leaving the track
+    ``optimizing`` for good; the thread unregisters it once it has decided."""
+    def at_exit() -> None:
+        _abandoned(run, track, handle, thread, what)
+
+    def body() -> None:
+        try:
+            _stages(run, handle, track, snap, hit, True)
+        finally:
+            atexit.unregister(at_exit)
+
+    thread = threading.Thread(target=body, daemon=True, name=f"tilesmith-{what}-{track.key[:8]}")
+    atexit.register(at_exit)
     run.start_background(thread)
+
+
+def _abandoned(run: RunContext, track: Track, handle: Any, thread: threading.Thread, what: str) -> None:
+    """At interpreter exit: the background ``what`` of ``handle``'s graph has not decided (the daemon thread dies
+    with the process), so the graph ran on Inductor throughout; say so in the run folder and on stderr."""
+    if not thread.is_alive() or handle.state not in (GraphState.OPTIMIZING, GraphState.RECHECKING):
+        return
+    job = "artifact-cache re-check" if what == "recheck" else "optimization"
+    message = (f"graph {track.label}: the process exited while its background {job} was still running, so nothing "
+               "was installed and the graph ran on Inductor throughout. Remedy: call tilesmith.wait(model) before "
+               "the program ends (it waits for the decision).")
+    try:
+        keep_inductor(run, track, "background_abandoned", message)
+        for kind in ("optimizing_in_background", "cache_rechecking"):  # no longer running
+            run.retire_diagnostic(kind, track.key)
+        import warnings
+
+        from tilesmith.errors import TilesmithWarning
+
+        warnings.warn(message, TilesmithWarning, stacklevel=1)
+    except Exception:  # noqa: BLE001 - at exit: never raise
+        log.debug("tilesmith: could not record the abandoned %s of %s", job, track.label, exc_info=True)
 
 
 def _stages(run: RunContext, handle: Any, track: Track, snap: Any, hit: Any, background: bool) -> None:

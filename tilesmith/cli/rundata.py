@@ -211,6 +211,8 @@ class RunData:
         seen = {(d.get("kind"), d.get("message")) for d in own}
         extra = [d for d in self.diagnostics if d.get("graph_key") == track.key
                  and (d.get("kind"), d.get("message")) not in seen]
+        if track.status in _DECIDED:  # "optimizing in the background ... until" no longer holds (run.json keeps it)
+            extra = [d for d in extra if d.get("kind") not in _IN_PROGRESS]
         return own + extra
 
     @property
@@ -224,6 +226,12 @@ class RunData:
         """Distinct graphs named by diagnostics that have no track (left on Inductor before optimization)."""
         return len({d.get("graph_key") or d.get("graph_name") for d in self.untracked_diagnostics
                     if d.get("graph_key") or d.get("graph_name")})
+
+
+_IN_PROGRESS = frozenset({"optimizing_in_background", "cache_rechecking"})
+"""Run diagnostics that describe a background decision still running (``tilesmith.optimize``)."""
+_DECIDED = frozenset({"installed", "cache_hit", "kept_inductor"})
+"""``track.json`` statuses of a graph whose decision is made."""
 
 
 def _time_from_run_id(run_id: str) -> str:
