@@ -159,6 +159,10 @@ def test_cache_prune_by_age_and_size_with_dry_run(root):
     os.utime(store.path(ids["cached"]) / "artifact.json", (old, old))
     code, text = run_cli("--root", str(path), "cache", "prune", "--max-age", "30d", "--dry-run")
     assert code == 0 and f"would remove {ids['cached'][:16]}" in text and store.path(ids["cached"]).exists()
+    # each entry says which limit removes it (was "unused or over the size limit" for both)
+    assert "(unused for 40.0d, over --max-age 30d)" in text, text
+    code, text = run_cli("--root", str(path), "cache", "prune", "--max-size", "0", "--dry-run")
+    assert text.count("(least recently used, over --max-size 0)") == 2, text
     code, text = run_cli("--root", str(path), "cache", "prune", "--max-age", "30d")
     assert code == 0 and "removed 1 entries" in text
     assert not store.path(ids["cached"]).exists() and store.path(fresh_key).exists()
