@@ -105,3 +105,12 @@ def test_gate_pairs_below_the_first_look_are_refused(value):
         settings.get("TILESMITH_GATE_PAIRS", {"TILESMITH_GATE_PAIRS": value})
     assert "expected an integer >= 10" in str(info.value) and "Unset it to use the default ('30')" in str(info.value)
     assert settings.get("TILESMITH_GATE_PAIRS", {"TILESMITH_GATE_PAIRS": "10"}) == 10
+
+
+def test_descriptions_point_at_current_names_not_deprecated_ones():
+    """TILESMITH_DIST_TIMEOUT_S's description (docs/env_vars.md) said its default covers TILESMITH_TURN_TIMEOUT_S,
+    the deprecated name of TILESMITH_GRAPH_TIMEOUT_S; only the renamed setting itself may mention its old name."""
+    for name, setting in settings.REGISTRY.items():
+        for old in settings.DEPRECATED:
+            if old in setting.description:
+                assert old in setting.deprecated_names, f"{name}'s description names deprecated {old}"

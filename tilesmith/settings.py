@@ -359,7 +359,7 @@ _SETTINGS = (
     Setting("TILESMITH_DIST_TIMEOUT_S", "2400", _positive_float,
             "Seconds a rank waits for another rank's part of a graph's decision (the leader's optimization, "
             "the other ranks' re-checks) before every rank keeps Inductor for that graph; the default covers "
-            "TILESMITH_TURN_TIMEOUT_S (1800 s) plus compilation and gate time. Waiting happens in a background "
+            "TILESMITH_GRAPH_TIMEOUT_S (1800 s) plus compilation and gate time. Waiting happens in a background "
             "thread: the graph runs on Inductor meanwhile."),
     Setting("TILESMITH_DIST_LIVENESS_S", "60", _positive_float,
             "Seconds without a heartbeat (each rank beats once a second through the store) after which a rank "
