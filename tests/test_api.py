@@ -174,6 +174,10 @@ def test_a_tracked_graph_writes_the_run_folder(monkeypatch, tmp_path):
     assert doc["agent_model"] == f"custom:{getattr(factory, 'name', type(factory).__name__)}"
     assert [d["kind"] for d in doc["diagnostics"]] == [d.kind for d in tilesmith.diagnostics(compiled)]
     assert list(run_json.parent.glob("*/track.json"))
+    import os
+    import socket
+
+    assert (doc["pid"], doc["host"]) == (os.getpid(), socket.gethostname())  # `tilesmith show`: is it still running
 
 
 def test_model_from_environment_is_used_and_argument_overrides_it(monkeypatch):

@@ -62,6 +62,32 @@ def test_root_after_the_command_is_accepted_and_a_root_before_it_is_kept(root, t
     assert run_cli("--root", str(path), "runs", "--root", str(other))[1] == run_cli("--root", str(other), "runs")[1]
 
 
+def test_show_says_a_track_left_optimizing_by_a_process_that_ended_was_never_decided(root):
+    """A process killed (or Ctrl-C'd at exit) mid-optimization left ``status: optimizing``, and `show` printed
+    just "optimizing" as if it were still running. run.json now records the pid and host."""
+    import socket
+
+    path, ids = root
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    run_json = path / "runs" / RUN_NEW / "run.json"
+    doc = json.loads(run_json.read_text())
+    track_json = path / "runs" / RUN_NEW / ids["installed"] / "track.json"
+    track = json.loads(track_json.read_text())
+    track["status"], track["benchmark"] = "optimizing", None
+    track_json.write_text(json.dumps(track))
+    for pid, ended in ((dead.pid, True), (os.getpid(), False)):
+        run_json.write_text(json.dumps({**doc, "pid": pid, "host": socket.gethostname()}))
+        code, text = run_cli("--root", str(path), "show", RUN_NEW)
+        line = next(line for line in text.splitlines() if line.startswith(f"graph {ids['installed'][:8]}"))
+        assert code == 0
+        if ended:
+            assert line.endswith(f"inference  optimizing, never decided: its process {dead.pid} on "
+                                 f"{socket.gethostname()} has ended (killed or interrupted)"), line
+        else:
+            assert line.endswith("inference  optimizing"), line
+
+
 def test_runs_on_an_empty_root_says_where_it_looked(tmp_path):
     code, text = run_cli("--root", str(tmp_path), "runs")
     assert code == 0 and str(tmp_path / "runs") in text and "TILESMITH_CACHE_DIR" in text

@@ -59,7 +59,8 @@ def cmd_show(root: Path, target: str, out: TextIO, *, as_json: bool = False) -> 
         out.write("\nno eligible graph was optimized in this run (see the diagnostics above)\n")
     for t in tracks:
         out.write("\n")
-        _write_track(t, out, detailed=track is not None, diagnostics=run.diagnostics_of(t))
+        _write_track(t, out, detailed=track is not None, diagnostics=run.diagnostics_of(t),
+                     ended=run.process_ended if t.status == "optimizing" else None)
     return 0
 
 
@@ -95,9 +96,12 @@ def _diag_line(x: dict[str, Any]) -> str:
     return fmt.wrap(f"[{x.get('kind', '?')}]{where} {x.get('message', '')}", indent="  ")
 
 
-def _write_track(t: TrackData, out: TextIO, *, detailed: bool, diagnostics: list[dict[str, Any]]) -> None:
+def _write_track(t: TrackData, out: TextIO, *, detailed: bool, diagnostics: list[dict[str, Any]],
+                 ended: str | None = None) -> None:
+    """``ended``: for a track still ``optimizing``, that its run's process is gone (it never decided)."""
     d = t.doc
-    out.write(f"graph {t.label}  {d.get('kind', '?')}  {t.status}\n")
+    status = t.status if ended is None else f"{t.status}, never decided: its {ended} (killed or interrupted)"
+    out.write(f"graph {t.label}  {d.get('kind', '?')}  {status}\n")
     out.write(f"  key {t.key}\n" if detailed else "")
     loops = f"{d.get('loops_accepted', '-')}/{d.get('loops_requested', '-')}"
     evals = t.evaluations()

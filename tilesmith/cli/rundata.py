@@ -203,6 +203,24 @@ class RunData:
     def diagnostics(self) -> list[dict[str, Any]]:
         return [d for d in self.doc.get("diagnostics") or [] if isinstance(d, dict)]
 
+    @property
+    def process_ended(self) -> str | None:
+        """``"process <pid> on <host> has ended"`` when ``run.json`` names a process of this host that is no longer
+        running (killed, or exited with a graph undecided); ``None`` when it runs, is elsewhere or is not recorded."""
+        import os
+        import socket
+
+        pid, host = self.doc.get("pid"), self.doc.get("host")
+        if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or host != socket.gethostname():
+            return None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return f"process {pid} on {host} has ended"
+        except OSError:  # e.g. PermissionError: it exists
+            return None
+        return None
+
     def diagnostics_of(self, track: TrackData) -> list[dict[str, Any]]:
         """Every diagnostic about ``track``'s graph, of any kind: ``track.json``'s, then those of ``run.json``
         that name its key and are not already among them (e.g. ``cache_recheck_failed``, ``cache_hit``,
