@@ -151,7 +151,8 @@ def _stages(run: RunContext, handle: Any, track: Track, snap: Any, hit: Any, bac
         log.info("tilesmith: graph %s: %s after %.1f s", label, outcome, time.monotonic() - started)
     except BaseException as exc:  # noqa: BLE001 - in the thread nothing may escape; inline the caller reports
         if isinstance(exc, KeyboardInterrupt):
-            _interrupted(run, track, hit is not None, progress)
+            if handle.record is None:  # not installed yet (an interrupt while storing the artifact changes nothing)
+                _interrupted(run, track, hit is not None, progress)
             raise
         if not background:
             raise
