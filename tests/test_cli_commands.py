@@ -213,3 +213,7 @@ def test_console_entry_point_runs_as_a_module(root):
     proc = subprocess.run([sys.executable, "-m", "tilesmith.cli", "frobnicate"], capture_output=True, text=True,
                           env=env, timeout=120)
     assert proc.returncode == 2 and "invalid choice" in proc.stderr
+    # `python -m tilesmith` too (was "No module named tilesmith.__main__")
+    proc = subprocess.run([sys.executable, "-m", "tilesmith", "runs"], capture_output=True, text=True, env=env,
+                          cwd=Path(__file__).resolve().parents[1], timeout=120)
+    assert proc.returncode == 0 and RUN_NEW in proc.stdout, proc.stderr
