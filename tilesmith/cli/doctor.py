@@ -63,7 +63,8 @@ def _settings_checks() -> list[Check]:
             settings.get(name)
         except ValueError as exc:
             bad.append(Check("settings", "error", str(exc), f"fix or unset {name}"))
-    return (bad or [Check("settings", "ok", f"{len(settings.REGISTRY)} TILESMITH_* settings parse")]) + _unknown_settings()
+    parsed = bad or [Check("settings", "ok", f"{len(settings.REGISTRY)} TILESMITH_* settings parse")]
+    return parsed + _unknown_settings()
 
 
 def _unknown_settings() -> list[Check]:

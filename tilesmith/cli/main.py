@@ -39,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    p = sub.add_parser("doctor", parents=[after], help="check the GPU, torch/Triton, the model and the LLM proxy set-up")
+    p = sub.add_parser("doctor", parents=[after],
+                       help="check the GPU, torch/Triton, the model and the LLM proxy set-up")
     p.add_argument("--model", help="model to check (default: TILESMITH_MODEL)")
     p.add_argument("--no-proxy", action="store_true", help="do not start the private proxy to list its models")
     p.add_argument("--proxy-timeout", type=float, default=30.0, metavar="S",
