@@ -174,6 +174,10 @@ def test_a_tracked_graph_writes_the_run_folder(monkeypatch, tmp_path):
     assert doc["agent_model"] == f"custom:{getattr(factory, 'name', type(factory).__name__)}"
     assert [d["kind"] for d in doc["diagnostics"]] == [d.kind for d in tilesmith.diagnostics(compiled)]
     assert list(run_json.parent.glob("*/track.json"))
+    import os
+    import socket
+
+    assert (doc["pid"], doc["host"]) == (os.getpid(), socket.gethostname())  # `tilesmith show`: is it still running
 
 
 def test_model_from_environment_is_used_and_argument_overrides_it(monkeypatch):
@@ -231,3 +235,19 @@ def test_asking_about_an_object_tilesmith_did_not_compile_warns():
         warnings.simplefilter("error", TilesmithWarning)
         assert [d.kind for d in tilesmith.diagnostics(compiled)] == ["missing_example_inputs"]
 
+
+
+def test_wait_rejects_a_timeout_that_is_not_seconds():
+    """tilesmith.wait(m, "5") failed inside the run with "unsupported operand type(s) for +: 'float' and 'str'"."""
+    with pytest.warns(tilesmith.errors.TilesmithWarning):
+        compiled = tilesmith.compile(TwoLayer().eval(), agent_model="tilesmith/builtin")  # falls back: no inputs
+    with pytest.raises(TypeError, match=r"tilesmith.wait: timeout_s must be None \(no limit\) or a number of "
+                                        r"seconds, got str '5'"):
+        tilesmith.wait(compiled, "5")
+    with pytest.raises(TypeError, match="got bool"):
+        tilesmith.wait(compiled, True)
+    for bad in (-1, float("nan")):
+        with pytest.raises(ValueError, match="timeout_s must be >= 0 seconds"):
+            tilesmith.wait(compiled, bad)
+    assert tilesmith.wait(compiled, 0) is True and tilesmith.wait(compiled, 2.5) is True
+    assert tilesmith.wait(compiled) is True

@@ -4,6 +4,7 @@ a thread with a trusted worker's reference, the winner is installed afterwards a
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -12,6 +13,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
+from tilesmith.cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -97,3 +100,50 @@ def test_the_setting_takes_inline_or_background_only(monkeypatch):
     monkeypatch.setenv("TILESMITH_OPTIMIZE", "later")
     with pytest.raises(ValueError, match="TILESMITH_OPTIMIZE"):
         settings.get("TILESMITH_OPTIMIZE")
+
+
+ABANDONED = textwrap.dedent(
+    """
+    import threading
+    import torch
+    import tilesmith
+    import tilesmith.optimize as stages
+    from tests.models import TwoLayer
+    from tests.scripted import ScriptedFactory
+
+    never = threading.Event()
+    stages._run_optimizer = lambda *args, **kwargs: never.wait()  # still optimizing when the program ends
+    model = TwoLayer().eval()
+    x = torch.randn(8, 64)
+    compiled = tilesmith.compile(model, example_inputs=(x,), agent_model=ScriptedFactory())
+    with torch.no_grad():
+        compiled(x)
+    print([d.kind for d in tilesmith.diagnostics(compiled)])
+    """
+)
+
+
+def test_a_program_that_exits_before_the_decision_is_told_and_the_track_is_not_left_optimizing(tmp_path):
+    """Before: the program ended silently and track.json said ``optimizing`` for good (`tilesmith show` too)."""
+    script = tmp_path / "child.py"
+    script.write_text(ABANDONED)
+    env = {**os.environ, "TILESMITH_CACHE_DIR": str(tmp_path / "ts"), "TILESMITH_ALLOW_CPU": "1",
+           "PYTHONPATH": str(REPO), "TILESMITH_OPTIMIZE": "background", "TILESMITH_PROGRESS": "off"}
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=REPO, env=env,
+                          timeout=540)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout.strip().splitlines()[-1] == "['optimizing_in_background']"
+    (track_json,) = (tmp_path / "ts").glob("runs/*/*/track.json")
+    track = json.loads(track_json.read_text())
+    key = track["graph_key"]
+    assert track["status"] == "kept_inductor"
+    assert [d["kind"] for d in track["diagnostics"]] == ["background_abandoned"]
+    stderr = " ".join(proc.stderr.split())
+    assert (f"TilesmithWarning: graph {key[:8]} (0_inference): the process exited while its background optimization "
+            "was still running") in stderr and "Remedy: call tilesmith.wait(model)" in stderr
+    # `tilesmith show` no longer lists the decided graph as "optimizing in the background" (run.json keeps that note)
+    out = io.StringIO()
+    assert main(["--root", str(tmp_path / "ts"), "show", "latest"], out=out) == 0
+    shown = out.getvalue()
+    assert f"graph {key[:8]} (0_inference)  inference  kept_inductor" in shown
+    assert "[background_abandoned]" in shown and "[optimizing_in_background]" not in shown, shown

@@ -48,6 +48,46 @@ def test_runs_json_and_limit(root):
     assert only["best_speedup"] == pytest.approx(1.78, abs=0.05)
 
 
+def test_root_after_the_command_is_accepted_and_a_root_before_it_is_kept(root, tmp_path_factory):
+    """``tilesmith runs --root DIR`` (a new user's order) was an argparse error: "unrecognized arguments"."""
+    path, _ = root
+    _, expected = run_cli("--root", str(path), "runs")
+    assert run_cli("runs", "--root", str(path)) == (0, expected)
+    code, text = run_cli("--root", str(path), "show", "latest")
+    assert run_cli("show", "latest", "--root", str(path)) == (code, text) and code == 0
+    assert run_cli("cache", "prune", "--root", str(path), "--dry-run")[0] == 0
+    listed = run_cli("--root", str(path), "cache")
+    assert run_cli("cache", "list", "--root", str(path)) == listed == run_cli("cache", "--root", str(path))
+    other = tmp_path_factory.mktemp("empty")
+    assert run_cli("--root", str(path), "runs", "--root", str(other))[1] == run_cli("--root", str(other), "runs")[1]
+
+
+def test_show_says_a_track_left_optimizing_by_a_process_that_ended_was_never_decided(root):
+    """A process killed (or Ctrl-C'd at exit) mid-optimization left ``status: optimizing``, and `show` printed
+    just "optimizing" as if it were still running. run.json now records the pid and host."""
+    import socket
+
+    path, ids = root
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    run_json = path / "runs" / RUN_NEW / "run.json"
+    doc = json.loads(run_json.read_text())
+    track_json = path / "runs" / RUN_NEW / ids["installed"] / "track.json"
+    track = json.loads(track_json.read_text())
+    track["status"], track["benchmark"] = "optimizing", None
+    track_json.write_text(json.dumps(track))
+    for pid, ended in ((dead.pid, True), (os.getpid(), False)):
+        run_json.write_text(json.dumps({**doc, "pid": pid, "host": socket.gethostname()}))
+        code, text = run_cli("--root", str(path), "show", RUN_NEW)
+        line = next(line for line in text.splitlines() if line.startswith(f"graph {ids['installed'][:8]}"))
+        assert code == 0
+        if ended:
+            assert line.endswith(f"inference  optimizing, never decided: its process {dead.pid} on "
+                                 f"{socket.gethostname()} has ended (killed or interrupted)"), line
+        else:
+            assert line.endswith("inference  optimizing"), line
+
+
 def test_runs_on_an_empty_root_says_where_it_looked(tmp_path):
     code, text = run_cli("--root", str(tmp_path), "runs")
     assert code == 0 and str(tmp_path / "runs") in text and "TILESMITH_CACHE_DIR" in text
@@ -145,6 +185,10 @@ def test_cache_prune_by_age_and_size_with_dry_run(root):
     os.utime(store.path(ids["cached"]) / "artifact.json", (old, old))
     code, text = run_cli("--root", str(path), "cache", "prune", "--max-age", "30d", "--dry-run")
     assert code == 0 and f"would remove {ids['cached'][:16]}" in text and store.path(ids["cached"]).exists()
+    # each entry says which limit removes it (was "unused or over the size limit" for both)
+    assert "(unused for 40.0d, over --max-age 30d)" in text, text
+    code, text = run_cli("--root", str(path), "cache", "prune", "--max-size", "0", "--dry-run")
+    assert text.count("(least recently used, over --max-size 0)") == 2, text
     code, text = run_cli("--root", str(path), "cache", "prune", "--max-age", "30d")
     assert code == 0 and "removed 1 entries" in text
     assert not store.path(ids["cached"]).exists() and store.path(fresh_key).exists()
@@ -169,3 +213,7 @@ def test_console_entry_point_runs_as_a_module(root):
     proc = subprocess.run([sys.executable, "-m", "tilesmith.cli", "frobnicate"], capture_output=True, text=True,
                           env=env, timeout=120)
     assert proc.returncode == 2 and "invalid choice" in proc.stderr
+    # `python -m tilesmith` too (was "No module named tilesmith.__main__")
+    proc = subprocess.run([sys.executable, "-m", "tilesmith", "runs"], capture_output=True, text=True, env=env,
+                          cwd=Path(__file__).resolve().parents[1], timeout=120)
+    assert proc.returncode == 0 and RUN_NEW in proc.stdout, proc.stderr

@@ -77,6 +77,23 @@ def test_invalid_setting_fails_naming_the_variable(env):
     assert code == 1 and "TILESMITH_MIN_IMPROVEMENT='5' is invalid" in " ".join(text.split())
 
 
+def test_a_misspelt_variable_name_is_a_warning_with_the_right_spelling(env):
+    """TILESMITH_OPTIMISE=background was ignored without a word (and doctor said every setting parsed)."""
+    env.setenv("TILESMITH_MODEL", "tilesmith/builtin")
+    env.setenv("TILESMITH_OPTIMISE", "background")
+    env.setenv("TILESMITH_NO_SUCH_THING", "1")
+    env.setenv("TILESMITH_BENCH_PROFILE", "/tmp/x")  # bench/'s own variable: not reported
+    code, text = doctor()
+    flat = " ".join(text.split())
+    assert code == 0, text  # a warning: the run still works
+    warned = [line for line in text.splitlines() if line.lstrip().startswith("WARN") and "settings" in line]
+    assert len(warned) == 2, text
+    assert "TILESMITH_OPTIMISE is set but Tilesmith reads no such variable (did you mean TILESMITH_OPTIMIZE?)" in flat
+    assert "remedy: rename it to TILESMITH_OPTIMIZE or unset it" in flat
+    assert "TILESMITH_NO_SUCH_THING is set but Tilesmith reads no such variable; it has no effect" in flat
+    assert "TILESMITH_BENCH_PROFILE" not in text
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
 def test_no_gpu_without_cpu_test_mode_fails(env):
     env.setenv("TILESMITH_MODEL", "tilesmith/builtin")

@@ -84,7 +84,7 @@ def build_root(root: Path) -> dict[str, object]:
     rng = random.Random(7)
     meta = {"created_utc": "2026-11-30T06:15:00Z", "agent_model": "tilesmith/builtin", "agency": "medium",
             "loops": 2, "max_model_calls": None, "min_improvement": 0.02, "torch": "2.11.0+cu130",
-            "triton": "3.6.0", "device_name": "NVIDIA H200"}
+            "triton": "3.6.0", "device_name": "NVIDIA H200", "pid": 4242, "host": "gpu-node-1"}
     run = RunFolder(root, RUN_NEW, meta)
     run.add_diagnostic(Diagnostic("dynamic_shape", "graph 5e5e5e5e (3_inference) has a SymInt input s77 "
                                   "(dynamic shapes); it stays on ordinary Inductor. Remedy: compile with "

@@ -67,6 +67,10 @@ def test_a_graph_made_dynamic_by_a_new_shape_names_dynamos_automatic_dynamic_sha
         torch.testing.assert_close(compiled(x), torch.cos(x))
     dynamic = [d for d in tilesmith.diagnostics(compiled) if d.kind == "dynamic_shapes"]
     assert len(dynamic) == 1 and "changes an input's shape" in dynamic[0].message, tilesmith.diagnostics(compiled)
+    # which inputs are symbolic, by index (the size s0 is input 0, the tensor of that size input 1)
+    assert f"graph {dynamic[0].graph_key[:8]} (" in dynamic[0].message
+    assert ("is dynamic (a symbolic number (a size or a Python int argument) at input 0; symbolic sizes or strides "
+            "at input 1)") in dynamic[0].message
 
 
 def test_cpu_graph_without_test_mode_is_refused_as_no_cuda_device(test_mode, monkeypatch):

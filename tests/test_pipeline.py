@@ -200,3 +200,25 @@ def test_show_and_report_state_the_cpu_gates_own_bar(test_mode):
     assert main(["--root", str(test_mode), "report", run], out=out) == 0
     html = (test_mode / "runs" / run / "report.html").read_text()
     assert "CPU test-mode graphs: the gate accepts a median speedup &gt;= 1.15x" in html
+
+
+def test_ctrl_c_during_first_call_optimization_leaves_a_diagnostic_and_a_decided_track(test_mode):
+    """Ctrl-C in the first call propagates, and the graph's fate is said: before, diagnostics() was empty for
+    the rest of the process and track.json kept ``status: optimizing`` (``tilesmith show`` said "optimizing")."""
+    def interrupt(text):
+        raise KeyboardInterrupt
+
+    model = TwoLayer().eval()
+    x = torch.randn(8, 64)
+    compiled = tilesmith.compile(model, example_inputs=(x,), agent_model=ScriptedFactory(edits=[interrupt]))
+    with torch.no_grad(), pytest.raises(KeyboardInterrupt):
+        compiled(x)
+    (track,) = _tracks(test_mode)
+    assert _track_json(track)["status"] == "kept_inductor"
+    (diagnostic,) = tilesmith.diagnostics(compiled)
+    assert diagnostic.kind == "optimization_interrupted"
+    assert f"graph {track.name[:8]} (" in diagnostic.message and "Remedy:" in diagnostic.message
+    assert [d["kind"] for d in _track_json(track)["diagnostics"]] == ["optimization_interrupted"]
+    with torch.no_grad():  # the graph runs on Inductor from here on; no second optimization
+        torch.testing.assert_close(compiled(x), model(x))
+    assert [d.kind for d in tilesmith.diagnostics(compiled)] == ["optimization_interrupted"]

@@ -59,7 +59,7 @@ def test_compile_rejects_any_invalid_tilesmith_setting_up_front(monkeypatch):
 
 
 @pytest.mark.parametrize(("name", "value", "form"), [
-    ("TILESMITH_GATE_PAIRS", "abc", "not a whole number; expected a positive integer, for example 30"),
+    ("TILESMITH_GATE_PAIRS", "abc", "not a whole number; expected an integer >= 10"),
     ("TILESMITH_AGENT_MAX_RETRIES", "two", "not a whole number; expected an integer >= 0"),
     ("TILESMITH_GRAPH_TIMEOUT_S", "10m", "not a number; expected a positive number of seconds"),
     ("TILESMITH_MIN_IMPROVEMENT", "2%", "not a number; expected a fraction in [0, 1)"),
@@ -92,3 +92,25 @@ def test_the_session_limit_honours_the_deprecated_name(monkeypatch, tmp_path):
     with pytest.warns(FutureWarning):
         session, *_ = make_session(tmp_path, time_limit_s=None)
     assert session.stop_reason() == "time_limit: TILESMITH_GRAPH_TIMEOUT_S elapsed"
+
+
+@pytest.mark.parametrize("value", ["1", "2", "9"])
+def test_gate_pairs_below_the_first_look_are_refused(value):
+    """TILESMITH_GATE_PAIRS=1 was accepted: one pair's ratio is then its own interval, so a single sample 3 % faster
+    by noise passed a phase (stats.decide([1.0], [0.97], 1, 0.02) == 'pass')."""
+    from tilesmith.gate.host import stats
+
+    assert settings.MIN_GATE_PAIRS == stats.LOOK_EVERY
+    with pytest.raises(SettingsError) as info:
+        settings.get("TILESMITH_GATE_PAIRS", {"TILESMITH_GATE_PAIRS": value})
+    assert "expected an integer >= 10" in str(info.value) and "Unset it to use the default ('30')" in str(info.value)
+    assert settings.get("TILESMITH_GATE_PAIRS", {"TILESMITH_GATE_PAIRS": "10"}) == 10
+
+
+def test_descriptions_point_at_current_names_not_deprecated_ones():
+    """TILESMITH_DIST_TIMEOUT_S's description (docs/env_vars.md) said its default covers TILESMITH_TURN_TIMEOUT_S,
+    the deprecated name of TILESMITH_GRAPH_TIMEOUT_S; only the renamed setting itself may mention its old name."""
+    for name, setting in settings.REGISTRY.items():
+        for old in settings.DEPRECATED:
+            if old in setting.description:
+                assert old in setting.deprecated_names, f"{name}'s description names deprecated {old}"

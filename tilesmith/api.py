@@ -146,7 +146,17 @@ def wait(model: Any, timeout_s: float | None = None) -> bool:
     ``timeout_s`` is in seconds (``None``: no limit). Returns True when none is still running, False on
     timeout; never raises for objects Tilesmith did not compile (True, with a
     :class:`~tilesmith.errors.TilesmithWarning`).
+
+    Raises:
+        TypeError: ``timeout_s`` is neither ``None`` nor a number of seconds (e.g. the string ``"5"``).
+        ValueError: ``timeout_s`` is negative or NaN.
     """
+    if timeout_s is not None:
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)):
+            raise TypeError(f"tilesmith.wait: timeout_s must be None (no limit) or a number of seconds, got "
+                            f"{type(timeout_s).__name__} {timeout_s!r}")
+        if not timeout_s >= 0:
+            raise ValueError(f"tilesmith.wait: timeout_s must be >= 0 seconds (or None: no limit), got {timeout_s!r}")
     run = _run_of(model, "wait")
     return True if run is None else run.wait(timeout_s)
 

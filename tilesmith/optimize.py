@@ -9,6 +9,7 @@ diagnostic saying why.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
@@ -75,10 +76,45 @@ def optimize_graph(run: RunContext, handle: Any, track: Track, inputs: list[Any]
 
 
 def _defer(run: RunContext, track: Track, snap: Any, hit: Any, handle: Any, what: str) -> None:
-    """Run :func:`_stages` in a daemon thread that owns ``snap`` from here on (``run.wait`` joins it)."""
-    thread = threading.Thread(target=_stages, args=(run, handle, track, snap, hit, True), daemon=True,
-                              name=f"tilesmith-{what}-{track.key[:8]}")
+    """Run :func:`_stages` in a daemon thread that owns ``snap`` from here on (``run.wait`` joins it).
+
+    Should the process exit before the thread decides, an ``atexit`` callback records that (``background_abandoned``
+    in ``track.json``, a :class:`~tilesmith.errors.TilesmithWarning` on stderr) instead of leaving the track
+    ``optimizing`` for good; the thread unregisters it once it has decided."""
+    def at_exit() -> None:
+        _abandoned(run, track, handle, thread, what)
+
+    def body() -> None:
+        try:
+            _stages(run, handle, track, snap, hit, True)
+        finally:
+            atexit.unregister(at_exit)
+
+    thread = threading.Thread(target=body, daemon=True, name=f"tilesmith-{what}-{track.key[:8]}")
+    atexit.register(at_exit)
     run.start_background(thread)
+
+
+def _abandoned(run: RunContext, track: Track, handle: Any, thread: threading.Thread, what: str) -> None:
+    """At interpreter exit: the background ``what`` of ``handle``'s graph has not decided (the daemon thread dies
+    with the process), so the graph ran on Inductor throughout; say so in the run folder and on stderr."""
+    if not thread.is_alive() or handle.state not in (GraphState.OPTIMIZING, GraphState.RECHECKING):
+        return
+    job = "artifact-cache re-check" if what == "recheck" else "optimization"
+    message = (f"graph {track.label}: the process exited while its background {job} was still running, so nothing "
+               "was installed and the graph ran on Inductor throughout. Remedy: call tilesmith.wait(model) before "
+               "the program ends (it waits for the decision).")
+    try:
+        keep_inductor(run, track, "background_abandoned", message)
+        for kind in ("optimizing_in_background", "cache_rechecking"):  # no longer running
+            run.retire_diagnostic(kind, track.key)
+        import warnings
+
+        from tilesmith.errors import TilesmithWarning
+
+        warnings.warn(message, TilesmithWarning, stacklevel=1)
+    except Exception:  # noqa: BLE001 - at exit: never raise
+        log.debug("tilesmith: could not record the abandoned %s of %s", job, track.label, exc_info=True)
 
 
 def _stages(run: RunContext, handle: Any, track: Track, snap: Any, hit: Any, background: bool) -> None:
@@ -114,7 +150,11 @@ def _stages(run: RunContext, handle: Any, track: Track, snap: Any, hit: Any, bac
             progress.graph_finished(label, outcome)
         log.info("tilesmith: graph %s: %s after %.1f s", label, outcome, time.monotonic() - started)
     except BaseException as exc:  # noqa: BLE001 - in the thread nothing may escape; inline the caller reports
-        if not background or isinstance(exc, KeyboardInterrupt):
+        if isinstance(exc, KeyboardInterrupt):
+            if handle.record is None:  # not installed yet (an interrupt while storing the artifact changes nothing)
+                _interrupted(run, track, hit is not None, progress)
+            raise
+        if not background:
             raise
         what = "re-check" if hit is not None else "optimization"
         log.exception("tilesmith: background %s of %s failed", what, label)
@@ -130,6 +170,27 @@ def _stages(run: RunContext, handle: Any, track: Track, snap: Any, hit: Any, bac
         if background:  # decided: the "running in the background" status no longer holds (the decision's own
             for kind in ("optimizing_in_background", "cache_rechecking"):  # diagnostic or record says what happened)
                 run.retire_diagnostic(kind, track.key)
+
+
+def _interrupted(run: RunContext, track: Track, recheck: bool, progress: Any) -> None:
+    """Ctrl-C (``KeyboardInterrupt``) stopped the graph's optimization: say so before it propagates.
+
+    Without this the graph stayed on Inductor for the rest of the process with no diagnostic, and
+    ``track.json`` kept ``status: optimizing`` (``tilesmith show`` then reported it as still optimizing).
+    Recording must not hide the interrupt: a failure here is only logged.
+    """
+    what = "artifact-cache re-check" if recheck else "first-call optimization"
+    try:
+        keep_inductor(run, track, "optimization_interrupted",
+                      f"graph {track.label}: its {what} was interrupted (KeyboardInterrupt) before the gate "
+                      "decided; the graph stays on Inductor for the rest of this process. Remedy: let the first "
+                      "call finish (TILESMITH_GRAPH_BUDGET_S bounds the built-in agent's part), or set "
+                      "TILESMITH_OPTIMIZE=background so that it returns at once; a new process optimizes the "
+                      "graph again.")
+        if progress:
+            progress.graph_finished(track.label, "interrupted, kept Inductor")
+    except Exception:  # noqa: BLE001 - the interrupt must still propagate
+        log.exception("tilesmith: could not record the interrupted optimization of %s", track.label)
 
 
 def _run_optimizer(run: RunContext, handle: Any, track: Track, gate: Any, progress: Any) -> str:

@@ -17,6 +17,8 @@ keeps its original Inductor callable.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -111,7 +113,7 @@ class LiveRun:
         self.folder = RunFolder(settings.cache_root(), self.run_id, {
             "created_utc": utc_now(), "agent_model": options.model_name, "agency": options.agency,
             "loops": options.loops, "max_model_calls": options.max_model_calls,
-            "min_improvement": options.min_improvement})
+            "min_improvement": options.min_improvement, "pid": os.getpid(), "host": socket.gethostname()})
         self.folder.metadata.update(self._environment())
         if options.allow_cpu:  # the CPU gate's own bar (a per-process allowance), shown by `tilesmith show`/`report`
             from tilesmith.gate.host.stats import CPU_PROCESS_ALLOWANCE, acceptance_bar

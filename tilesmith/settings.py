@@ -83,6 +83,20 @@ def _positive_int(text: str) -> int:
     return value
 
 
+MIN_GATE_PAIRS = 10
+"""Fewest paired samples a gate phase may take: the sequential test's first look
+(:data:`tilesmith.gate.host.stats.LOOK_EVERY`). With fewer, the bootstrap interval of the median collapses onto
+the few ratios there are (one pair: the interval is that pair's ratio), so one noisy sample could pass a phase."""
+
+
+def _gate_pairs(text: str) -> int:
+    form = f"an integer >= {MIN_GATE_PAIRS} (fewer pairs make the gate's interval meaningless), for example 30"
+    value = _integer(text, form)
+    if value < MIN_GATE_PAIRS:
+        raise ValueError(f"expected {form}")
+    return value
+
+
 def _nonnegative_int(text: str) -> int:
     value = _integer(text, "an integer >= 0, for example 2")
     if value < 0:
@@ -304,9 +318,11 @@ _SETTINGS = (
             "/dev and /dev/shm (the worker's Landlock write rules, docs/gate.md \"What native code can still do\"). "
             "For a CUDA, driver or compiler stack that writes somewhere else: the worker log then shows "
             "'Permission denied' for that path. Candidate code can write there too."),
-    Setting("TILESMITH_GATE_PAIRS", "30", _positive_int,
+    Setting("TILESMITH_GATE_PAIRS", "30", _gate_pairs,
             "Paired timing samples (baseline and candidate, order randomized per pair) in each gate phase: "
-            "the first measurement and the fresh confirmation each take this many."),
+            "the first measurement and the fresh confirmation each take this many. At least 10 (the sequential "
+            "test's first look; with fewer the interval collapses onto the few ratios, and one noisy pair could "
+            "pass)."),
     Setting("TILESMITH_NATIVE_KERNELS", "1", _bool,
             "Let the built-in agent's 'native_kernels' generator propose hand-written CUDA C++ kernels for the "
             "patterns it recognizes (int8 decode GEMV, row softmax, residual + RMSNorm/LayerNorm), building them "
@@ -343,7 +359,7 @@ _SETTINGS = (
     Setting("TILESMITH_DIST_TIMEOUT_S", "2400", _positive_float,
             "Seconds a rank waits for another rank's part of a graph's decision (the leader's optimization, "
             "the other ranks' re-checks) before every rank keeps Inductor for that graph; the default covers "
-            "TILESMITH_TURN_TIMEOUT_S (1800 s) plus compilation and gate time. Waiting happens in a background "
+            "TILESMITH_GRAPH_TIMEOUT_S (1800 s) plus compilation and gate time. Waiting happens in a background "
             "thread: the graph runs on Inductor meanwhile."),
     Setting("TILESMITH_DIST_LIVENESS_S", "60", _positive_float,
             "Seconds without a heartbeat (each rank beats once a second through the store) after which a rank "

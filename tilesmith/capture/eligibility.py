@@ -82,8 +82,9 @@ def refusal(compiled: Any, example_inputs: Any, kwargs: dict[str, Any], *, allow
         return ("already_wrapped", f"graph {label} is already wrapped ({wrapped}); it stays on Inductor. "
                 "Remedy: compile without mode='reduce-overhead'/'max-autotune' CUDA graphs and without "
                 "cpp_wrapper (e.g. mode='max-autotune-no-cudagraphs') to let Tilesmith optimize it.")
-    if _is_dynamic(compiled, example_inputs):
-        return ("dynamic_shapes", f"graph {label} is dynamic (symbolic sizes or integers among its inputs): "
+    dynamic = _dynamic_inputs(compiled, example_inputs)
+    if dynamic:
+        return ("dynamic_shapes", f"graph {label} is dynamic ({dynamic}): "
                 "Dynamo makes a graph dynamic when a call changes an input's shape or a Python int argument "
                 "(automatic dynamic shapes), or because of dynamic=True or torch._dynamo.mark_dynamic. "
                 "Tilesmith optimizes static graphs only; it stays on Inductor. Remedy: compile with "
@@ -125,21 +126,33 @@ def _wrapped_reason(compiled: Any, source: str, kwargs: dict[str, Any]) -> str |
     return None
 
 
-def _is_dynamic(compiled: Any, example_inputs: Any) -> bool:
+def _dynamic_inputs(compiled: Any, example_inputs: Any) -> str | None:
+    """What makes the graph dynamic, naming its inputs by index (``"a symbolic number (...) at input 0; symbolic
+    sizes or strides at inputs [1, 2]"``), or Inductor's shape guards when no input shows it; ``None`` when static."""
     import torch
 
-    if getattr(compiled, "guards_expr", None):
-        return True
-    for value in example_inputs or ():
+    scalars, tensors = [], []
+    for index, value in enumerate(example_inputs or ()):
         if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
-            return True
-        if isinstance(value, torch.Tensor):
+            scalars.append(index)
+        elif isinstance(value, torch.Tensor):
             try:
                 from torch._inductor.utils import any_is_symbolic
 
-                if any_is_symbolic(value):
-                    return True
+                symbolic = any_is_symbolic(value)
             except Exception:  # noqa: BLE001
-                if any(isinstance(s, torch.SymInt) for s in (*value.shape, *value.stride())):
-                    return True
-    return False
+                symbolic = any(isinstance(s, torch.SymInt) for s in (*value.shape, *value.stride()))
+            if symbolic:
+                tensors.append(index)
+    parts = []
+    if scalars:
+        parts.append(f"a symbolic number (a size or a Python int argument) at input{'s' if len(scalars) > 1 else ''} "
+                     f"{scalars if len(scalars) > 1 else scalars[0]}")
+    if tensors:
+        parts.append(f"symbolic sizes or strides at input{'s' if len(tensors) > 1 else ''} "
+                     f"{tensors if len(tensors) > 1 else tensors[0]}")
+    if parts:
+        return "; ".join(parts)
+    if getattr(compiled, "guards_expr", None):
+        return f"Inductor recorded shape guards: {str(compiled.guards_expr)[:120]}"
+    return None

@@ -59,7 +59,8 @@ def cmd_show(root: Path, target: str, out: TextIO, *, as_json: bool = False) -> 
         out.write("\nno eligible graph was optimized in this run (see the diagnostics above)\n")
     for t in tracks:
         out.write("\n")
-        _write_track(t, out, detailed=track is not None, diagnostics=run.diagnostics_of(t))
+        _write_track(t, out, detailed=track is not None, diagnostics=run.diagnostics_of(t),
+                     ended=run.process_ended if t.status == "optimizing" else None)
     return 0
 
 
@@ -95,9 +96,12 @@ def _diag_line(x: dict[str, Any]) -> str:
     return fmt.wrap(f"[{x.get('kind', '?')}]{where} {x.get('message', '')}", indent="  ")
 
 
-def _write_track(t: TrackData, out: TextIO, *, detailed: bool, diagnostics: list[dict[str, Any]]) -> None:
+def _write_track(t: TrackData, out: TextIO, *, detailed: bool, diagnostics: list[dict[str, Any]],
+                 ended: str | None = None) -> None:
+    """``ended``: for a track still ``optimizing``, that its run's process is gone (it never decided)."""
     d = t.doc
-    out.write(f"graph {t.label}  {d.get('kind', '?')}  {t.status}\n")
+    status = t.status if ended is None else f"{t.status}, never decided: its {ended} (killed or interrupted)"
+    out.write(f"graph {t.label}  {d.get('kind', '?')}  {status}\n")
     out.write(f"  key {t.key}\n" if detailed else "")
     loops = f"{d.get('loops_accepted', '-')}/{d.get('loops_requested', '-')}"
     evals = t.evaluations()
@@ -209,15 +213,21 @@ def cmd_cache_prune(root: Path, out: TextIO, *, max_age: str | None, max_size: s
         out.write(f"tilesmith cache prune: {exc}\n")
         return 2
     store = ArtifactStore(root, enabled=True)
+    now = time.time()
     try:
-        result = store.prune(max_age_s=age_s, max_bytes=size_b, dry_run=dry_run)
+        result = store.prune(max_age_s=age_s, max_bytes=size_b, dry_run=dry_run, now=now)
     except OSError as exc:
         out.write(f"tilesmith cache prune: could not delete from {store.dir}: {exc}. Remedy: check the folder's "
                   f"permissions.\n")
         return 1
     verb = "would remove" if dry_run else "removed"
     for e in result.removed:
-        why = "corrupted" if e.valid is False else "unused or over the size limit"
+        if e.valid is False:
+            why = "corrupted"
+        elif age_s is not None and e.age_s(now) > age_s:
+            why = f"unused for {fmt.human_age(e.age_s(now))}, over --max-age {max_age}"
+        else:
+            why = f"least recently used, over --max-size {max_size}"
         out.write(f"{verb} {e.key[:16]} {e.graph_name or '-'} {fmt.human_bytes(e.size_bytes)} ({why})\n")
     out.write(f"{verb} {len(result.removed)} entries ({fmt.human_bytes(result.freed_bytes)}) and "
               f"{result.leftovers_removed} leftover folders; kept {len(result.kept)} entries "

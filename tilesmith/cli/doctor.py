@@ -1,6 +1,7 @@
 """``tilesmith doctor``: can this machine optimize, and if not, what to do about it.
 
-Checks, in order: settings (every ``TILESMITH_*`` variable parses), torch, the CUDA device, Triton, the
+Checks, in order: settings (every ``TILESMITH_*`` variable parses; a set one that no setting reads is a warning),
+torch, the CUDA device, Triton, the
 cache root (writable), the optimizer model (``--model`` or ``TILESMITH_MODEL``), then the LLM pieces:
 CLIProxyAPI executable, user config, auth-dir accounts, provider variables (names only, never values) and,
 unless ``--no-proxy``, whether the private proxy starts and which models it lists.
@@ -62,7 +63,27 @@ def _settings_checks() -> list[Check]:
             settings.get(name)
         except ValueError as exc:
             bad.append(Check("settings", "error", str(exc), f"fix or unset {name}"))
-    return bad or [Check("settings", "ok", f"{len(settings.REGISTRY)} TILESMITH_* settings parse")]
+    parsed = bad or [Check("settings", "ok", f"{len(settings.REGISTRY)} TILESMITH_* settings parse")]
+    return parsed + _unknown_settings()
+
+
+def _unknown_settings() -> list[Check]:
+    """A warning per set ``TILESMITH_*`` variable that no setting reads: a misspelled name (``TILESMITH_ALLOW_CPUS``,
+    ``TILESMITH_OPTIMISE``) is otherwise ignored without a word. ``TILESMITH_BENCH_*`` belong to bench/."""
+    import difflib
+
+    known = {*settings.REGISTRY, *settings.ALIASES, *settings.DEPRECATED, *settings.PROVIDER_KEY_VARIABLES}
+    checks = []
+    for name in sorted(os.environ):
+        if not name.startswith("TILESMITH_") or name in known or name.startswith("TILESMITH_BENCH_"):
+            continue
+        close = difflib.get_close_matches(name, sorted(settings.REGISTRY), n=1, cutoff=0.8)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        checks.append(Check("settings", "warn", f"{name} is set but Tilesmith reads no such variable{hint}; "
+                            "it has no effect",
+                            f"rename it{' to ' + close[0] if close else ''} or unset it (docs/env_vars.md lists "
+                            "every variable)"))
+    return checks
 
 
 def _torch_check(checks: list[Check]) -> Any:

@@ -9,7 +9,7 @@
     tilesmith cache prune [--max-age 7d] [--max-size 2G] [--dry-run]
     tilesmith report <run> [-o report.html]
 
-``--root`` (any position before the command) overrides the cache root, which is otherwise
+``--root`` (before or after the command) overrides the cache root, which is otherwise
 ``TILESMITH_CACHE_DIR``, ``$XDG_CACHE_HOME/tilesmith`` or ``~/.cache/tilesmith``. The command line reads
 run folders and the artifact store; it never runs a model. Exit codes: 0 success, 1 a problem the
 command reports (doctor found errors, a write failed), 2 usage errors or a run/track that does not exist.
@@ -29,42 +29,47 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tilesmith", description="Inspect Tilesmith runs, the artifact cache "
                                      "and this machine's set-up.")
     parser.add_argument("--version", action="version", version=f"tilesmith {__version__}")
-    parser.add_argument("--root", type=Path, default=None,
-                        help="cache root holding runs/ and artifacts/ (default: TILESMITH_CACHE_DIR, else "
-                             "$XDG_CACHE_HOME/tilesmith, else ~/.cache/tilesmith)")
+    root_help = ("cache root holding runs/ and artifacts/ (default: TILESMITH_CACHE_DIR, else "
+                 "$XDG_CACHE_HOME/tilesmith, else ~/.cache/tilesmith)")
+    parser.add_argument("--root", type=Path, default=None, help=root_help)
+    # The same option after the command (`tilesmith runs --root DIR`); SUPPRESS keeps a --root given before the
+    # command when none follows it.
+    after = argparse.ArgumentParser(add_help=False)
+    after.add_argument("--root", type=Path, default=argparse.SUPPRESS, help=root_help)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    p = sub.add_parser("doctor", help="check the GPU, torch/Triton, the model and the LLM proxy set-up")
+    p = sub.add_parser("doctor", parents=[after],
+                       help="check the GPU, torch/Triton, the model and the LLM proxy set-up")
     p.add_argument("--model", help="model to check (default: TILESMITH_MODEL)")
     p.add_argument("--no-proxy", action="store_true", help="do not start the private proxy to list its models")
     p.add_argument("--proxy-timeout", type=float, default=30.0, metavar="S",
                    help="seconds to wait for the proxy to answer (default 30)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
-    p = sub.add_parser("runs", help="list runs: id, time, model, graphs, installed, best speedup")
+    p = sub.add_parser("runs", parents=[after], help="list runs: id, time, model, graphs, installed, best speedup")
     p.add_argument("--json", action="store_true")
     p.add_argument("--limit", type=int, default=None, help="show only the N newest runs")
 
-    p = sub.add_parser("show", help="describe a run or one of its tracks")
+    p = sub.add_parser("show", parents=[after], help="describe a run or one of its tracks")
     p.add_argument("target", help="run id (or unique prefix, or 'latest'), <run>/<key-prefix>, a graph key "
                                   "prefix, or a run/track folder")
     p.add_argument("--json", action="store_true")
 
-    p = sub.add_parser("cache", help="list or prune the artifact cache")
+    p = sub.add_parser("cache", parents=[after], help="list or prune the artifact cache")
     cache_sub = p.add_subparsers(dest="cache_command", metavar="ACTION")
     p.add_argument("--verify", action="store_true", help="check every entry's content hash while listing")
     p.add_argument("--json", action="store_true")
-    lp = cache_sub.add_parser("list", help="list entries (default action)")
+    lp = cache_sub.add_parser("list", parents=[after], help="list entries (default action)")
     lp.add_argument("--verify", action="store_true", help="check every entry's content hash")
     lp.add_argument("--json", action="store_true")
-    pp = cache_sub.add_parser("prune", help="delete corrupted, old or least recently used entries")
+    pp = cache_sub.add_parser("prune", parents=[after], help="delete corrupted, old or least recently used entries")
     pp.add_argument("--max-age", help="delete entries unused for longer than this (e.g. 30d, 12h)")
     pp.add_argument("--max-size", help="then delete least recently used entries until the store is at most "
                                        "this size (e.g. 2G, 500MiB)")
     pp.add_argument("--dry-run", action="store_true", help="say what would be deleted, delete nothing")
 
-    p = sub.add_parser("report", help="write a self-contained HTML report with plots for a run")
+    p = sub.add_parser("report", parents=[after], help="write a self-contained HTML report with plots for a run")
     p.add_argument("target", help="run id (or unique prefix, or 'latest') or run folder")
     p.add_argument("-o", "--output", type=Path, default=None,
                    help="output file (default: <run folder>/report.html)")

@@ -203,6 +203,24 @@ class RunData:
     def diagnostics(self) -> list[dict[str, Any]]:
         return [d for d in self.doc.get("diagnostics") or [] if isinstance(d, dict)]
 
+    @property
+    def process_ended(self) -> str | None:
+        """``"process <pid> on <host> has ended"`` when ``run.json`` names a process of this host that is no longer
+        running (killed, or exited with a graph undecided); ``None`` when it runs, is elsewhere or is not recorded."""
+        import os
+        import socket
+
+        pid, host = self.doc.get("pid"), self.doc.get("host")
+        if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or host != socket.gethostname():
+            return None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return f"process {pid} on {host} has ended"
+        except OSError:  # e.g. PermissionError: it exists
+            return None
+        return None
+
     def diagnostics_of(self, track: TrackData) -> list[dict[str, Any]]:
         """Every diagnostic about ``track``'s graph, of any kind: ``track.json``'s, then those of ``run.json``
         that name its key and are not already among them (e.g. ``cache_recheck_failed``, ``cache_hit``,
@@ -211,6 +229,8 @@ class RunData:
         seen = {(d.get("kind"), d.get("message")) for d in own}
         extra = [d for d in self.diagnostics if d.get("graph_key") == track.key
                  and (d.get("kind"), d.get("message")) not in seen]
+        if track.status in _DECIDED:  # "optimizing in the background ... until" no longer holds (run.json keeps it)
+            extra = [d for d in extra if d.get("kind") not in _IN_PROGRESS]
         return own + extra
 
     @property
@@ -224,6 +244,12 @@ class RunData:
         """Distinct graphs named by diagnostics that have no track (left on Inductor before optimization)."""
         return len({d.get("graph_key") or d.get("graph_name") for d in self.untracked_diagnostics
                     if d.get("graph_key") or d.get("graph_name")})
+
+
+_IN_PROGRESS = frozenset({"optimizing_in_background", "cache_rechecking"})
+"""Run diagnostics that describe a background decision still running (``tilesmith.optimize``)."""
+_DECIDED = frozenset({"installed", "cache_hit", "kept_inductor"})
+"""``track.json`` statuses of a graph whose decision is made."""
 
 
 def _time_from_run_id(run_id: str) -> str:
