@@ -36,6 +36,7 @@ from typing import Any
 
 from tilesmith import _proc
 from tilesmith.gate.protocol import OUTSIDE_CLOCK
+from tilesmith.gate.worker import seal
 
 #: Signals delivered at a fault in the thread that caused it (a mask cannot hold them back), plus the two no mask
 #: holds; every other signal is asynchronous.
@@ -101,8 +102,9 @@ def snapshot(threads: bool = False) -> dict[str, Any]:
     if not status:
         return {}
     facts: dict[str, Any] = {"signals caught (SigCgt)": status.get("SigCgt"),
-                             "signals blocked (SigBlk)": status.get("SigBlk"),
+                             "signals blocked (SigBlk)": seal.blocked_view(status.get("SigBlk")),
                              "timers armed": _timers(), "descriptors signalling on I/O (O_ASYNC)": _async_fds()}
+    facts.update(seal.handlers())  # a replaced handler (red team 20: glibc's signal 33), which SigCgt does not show
     if threads:
         try:
             facts["OS threads"] = len(os.listdir("/proc/self/task"))
