@@ -16,14 +16,15 @@ from __future__ import annotations
 import pytest
 
 from tests import gate_support as gs
+from tests.cheats.common import LINEAR_LN_ROW_C
 from tests.test_gate_redteam19 import _deferring_source
 
 
-def _verdict(ln, kernel: str, name: str, note: str):
+def _verdict(ln, kernel: str, name: str, note: str, rows: int = 32):
     from tilesmith.records import Candidate
 
     gate, cap, _ = ln
-    verdict = gate.evaluate(Candidate(source=_deferring_source(cap.source, kernel, name, 64, 32),
+    verdict = gate.evaluate(Candidate(source=_deferring_source(cap.source, kernel, name, 64, rows),
                                       proposer="redteam20", note=note))
     phases = [p for p in (verdict.timing, verdict.confirmation) if p is not None]
     print("\nRT20", note, verdict.status,
@@ -142,3 +143,93 @@ def test_outputs_computed_by_a_self_requeuing_pending_call_after_the_clock_are_n
     else:  # computes at the seal's own bytecodes, inside the clock: no speedup left (or found queued)
         verdict = _verdict(ln, kernel, "cpp_defer_pc", note)
         assert verdict.status != "accepted", (verdict.timing, verdict.confirmation)
+
+
+# -- 3. a fault handler where the process already had one: the spot copy's read of a protected output runs it ---------
+#: With ``PYTHONFAULTHANDLER=1`` in the user's environment (which reaches the workers) every worker catches ``SIGSEGV``
+#: from its start (Python's ``faulthandler``), so a handler the candidate puts in its place changes nothing
+#: ``SigCgt`` shows. From call 41 on a call computes only the rows of its output that do not lie in a whole page of
+#: the buffer, records the call and ``mprotect``s those pages ``PROT_NONE`` (LinearLN 1024×64 here: 256 KiB of output,
+#: all but a row or two in whole pages). Uncopied calls are never computed; when
+#: the worker's ``release`` copies a picked call out, its read faults, and the native ``SIGSEGV`` handler makes the
+#: pages writable again, computes the missing rows and returns: the copy reads the right values. The handler runs
+#: after the clock, in a copy only picked calls get.
+FAULT = r'''
+cpp_defer_sv = async_compile.cpp_pybinding(['const float*', 'const float*', 'const float*', 'const float*', 'const float*', 'float*', 'int64_t'], r"""
+#include <signal.h>
+#include <unistd.h>
+#include <string.h>
+#include <stdint.h>
+#include <math.h>
+#include <sys/mman.h>
+#define CAT(a, b) a##b
+#define D @D@
+#define M @M@
+static void rows(const float *w, const float *b, const float *x, const float *g, const float *be, float *o, int r0, int r1) {
+    for (int i = r0; i < r1; ++i) {
+        double acc[D];
+        for (int j = 0; j < D; ++j) { double s = b[j]; for (int k = 0; k < D; ++k) s += (double)x[i * D + k] * w[j * D + k]; acc[j] = s; }
+@LN_ROW@
+    }
+}
+struct Job { const float *w, *b, *x, *g, *be; float *o; uintptr_t lo, hi; int r0, r1, done; };
+static Job jobs[16384];
+static int njobs = 0;
+static int armed = 0;
+static struct sigaction previous;
+static void on_fault(int sig, siginfo_t *info, void *ctx) {
+    uintptr_t a = (uintptr_t)info->si_addr;
+    for (int i = njobs - 1; i >= 0; --i) {
+        Job *j = &jobs[i];
+        if (!j->done && a >= j->lo && a < j->hi) {
+            CAT(mpro, tect)((void *)j->lo, j->hi - j->lo, PROT_READ | PROT_WRITE);
+            rows(j->w, j->b, j->x, j->g, j->be, j->o, j->r0, j->r1);
+            j->done = 1;
+            return;
+        }
+    }
+    CAT(sigact, ion)(SIGSEGV, &previous, 0);  /* not ours: the process's own handler takes the next fault */
+}
+extern "C" void kernel(const float *w, const float *b, const float *x, const float *g, const float *be, float *out,
+                       int64_t defer) {
+    if (!defer || njobs >= 16384) { rows(w, b, x, g, be, out, 0, M); return; }
+    if (!armed) {
+        struct sigaction sa; memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = on_fault; sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+        CAT(sigact, ion)(SIGSEGV, &sa, &previous);
+        armed = 1;
+    }
+    uintptr_t p = (uintptr_t)out, end = p + sizeof(float) * M * D, page = 4096;
+    uintptr_t lo = (p + page - 1) & ~(page - 1), hi = end & ~(page - 1);
+    int r0 = lo >= hi ? M : (int)((lo - p + sizeof(float) * D - 1) / (sizeof(float) * D));
+    int r1 = lo >= hi ? M : (int)((hi - p) / (sizeof(float) * D));
+    if (r1 <= r0) { rows(w, b, x, g, be, out, 0, M); return; }
+    rows(w, b, x, g, be, out, 0, r0);
+    rows(w, b, x, g, be, out, r1, M);
+    /* rows r0..r1 lie in [lo, hi): protect exactly the pages holding them */
+    uintptr_t plo = (p + sizeof(float) * D * r0) & ~(page - 1), phi = (p + sizeof(float) * D * r1 + page - 1) & ~(page - 1);
+    if (plo < lo) plo = lo;
+    if (phi > hi) phi = hi;
+    Job j = {w, b, x, g, be, out, plo, phi, r0, r1, 0};
+    jobs[njobs] = j;
+    if (CAT(mpro, tect)((void *)plo, phi - plo, PROT_NONE) != 0) { rows(w, b, x, g, be, out, r0, r1); return; }
+    njobs = njobs + 1;
+}
+""")
+'''
+
+
+@pytest.fixture(scope="module")
+def ln_faulthandler(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONFAULTHANDLER", "1")
+        yield from gs.linear_ln_gate(tmp_path_factory.mktemp("redteam20-fh"), "rt20fh (0_inference)", rows=1024)
+
+
+def test_a_fault_handler_replacing_the_processs_own_is_not_a_speedup(ln_faulthandler):
+    kernel = FAULT.replace("@D@", "64").replace("@M@", "1024").replace("@LN_ROW@", LINEAR_LN_ROW_C)
+    verdict = _verdict(ln_faulthandler, kernel, "cpp_defer_sv", "SIGSEGV handler in faulthandler's place", rows=1024)
+    assert verdict.status != "accepted", (verdict.timing, verdict.confirmation)
+    # The replaced handler shows after the first sample (seal.handlers); with every signal blocked by the seal, a
+    # fault in the copy would end the worker instead of running it.
+    assert {"outside_clock", "crash"} & {f.check for f in verdict.failures}, verdict.reasons
