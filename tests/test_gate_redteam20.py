@@ -233,3 +233,91 @@ def test_a_fault_handler_replacing_the_processs_own_is_not_a_speedup(ln_faulthan
     # The replaced handler shows after the first sample (seal.handlers); with every signal blocked by the seal, a
     # fault in the copy would end the worker instead of running it.
     assert {"outside_clock", "crash"} & {f.check for f in verdict.failures}, verdict.reasons
+
+
+# -- 4. pure Python: a finalizer run by the cyclic garbage collector at the worker's first allocations after the clock -
+#: No native code at all (the static scan passes it). From call 41 on, ``call`` returns an uncomputed output and
+#: records the call; it then *primes the garbage collector*: it allocates container objects until the collector has
+#: run (a ``__del__`` of a self-referencing probe object counts the collections and makes a new probe each time), and
+#: keeps ``PRIME`` more alive, so the youngest generation is a few allocations short of its threshold (700) when the
+#: call returns. Within a sample the next call's own allocations set it off (the probe sees a call in progress and
+#: only renews itself); after the last call it is the worker's own bookkeeping that sets it off, and the probe's
+#: ``__del__`` then runs the original wrapper for every recorded call and copies the results into their outputs,
+#: before the ``release`` copy. LinearLN 1024×64: the priming costs ~30 µs a call.
+GC_PRIME = '''
+_st = {"in": False, "n": 0, "gc": 0}
+_jobs = []
+_kept = []
+_PRIME = @PRIME@
+
+
+def _flush():
+    jobs = list(_jobs)
+    _jobs.clear()
+    for a, out in jobs:
+        out.copy_(runner._orig_call(list(a))[0])
+
+
+class _Probe:
+    def __init__(self):
+        self.me = self
+
+    def __del__(self):
+        _st["gc"] += 1
+        if not _st["in"] and _jobs:
+            _flush()
+        _Probe()
+
+
+_Probe()
+'''
+
+GC_CALL = '''
+    def call(self, args):
+        _st["in"] = True
+        _st["n"] += 1
+        if _st["n"] <= 40:
+            result = self._orig_call(args)
+            _st["in"] = False
+            return result
+        a = list(args)
+        args.clear()
+        out = empty_strided_cpu((@M@, @D@), (@D@, 1), torch.float32)
+        _jobs.append((a, out))
+        _kept.clear()
+        g = _st["gc"]
+        tmp = []
+        while _st["gc"] == g and len(tmp) < 5000:
+            tmp.append([])
+        del tmp
+        _kept.extend([[] for _ in range(_PRIME)])
+        _st["in"] = False
+        return (out, )
+
+'''
+
+
+def _gc_source(src: str, m: int, d: int, prime: int) -> str:
+    src = src.replace("    def call(self, args):", GC_CALL.replace("@M@", str(m)).replace("@D@", str(d)).lstrip("\n")
+                      + "    def _orig_call(self, args):", 1)
+    i = src.index("class Runner")
+    return src[:i] + GC_PRIME.replace("@PRIME@", str(prime)).strip("\n") + "\n\n\n" + src[i:]
+
+
+@pytest.fixture(scope="module")
+def ln_big(tmp_path_factory):
+    yield from gs.linear_ln_gate(tmp_path_factory.mktemp("redteam20-big"), "rt20big (0_inference)", rows=1024)
+
+
+@pytest.mark.parametrize("prime", [690, 600])
+def test_outputs_computed_by_a_garbage_collector_finalizer_after_the_clock_are_not_a_speedup(ln_big, prime):
+    from tilesmith.records import Candidate
+
+    gate, cap, _ = ln_big
+    verdict = gate.evaluate(Candidate(source=_gc_source(cap.source, 1024, 64, prime), proposer="redteam20",
+                                      note=f"gc finalizer primed to run after the clock ({prime})"))
+    phases = [p for p in (verdict.timing, verdict.confirmation) if p is not None]
+    print("\nRT20 gc", prime, verdict.status,
+          [f"{p.speedup:.2f}x (CI low {p.ci_low:.2f}, k {p.calls_per_sample})" for p in phases],
+          [r[:300] for r in verdict.reasons])
+    assert verdict.status != "accepted", (verdict.timing, verdict.confirmation)
