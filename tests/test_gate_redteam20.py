@@ -289,7 +289,7 @@ GC_CALL = '''
         tmp = []
         while _st["gc"] == g and len(tmp) < 5000:
             tmp.append([])
-        del tmp
+        _kept.append(tmp)  # freeing would lower the collector's count again
         _kept.extend([[] for _ in range(_PRIME)])
         _st["in"] = False
         return (out, )
@@ -309,7 +309,7 @@ def ln_big(tmp_path_factory):
     yield from gs.linear_ln_gate(tmp_path_factory.mktemp("redteam20-big"), "rt20big (0_inference)", rows=1024)
 
 
-@pytest.mark.parametrize("prime", [690, 600])
+@pytest.mark.parametrize("prime", [690, 640])
 def test_outputs_computed_by_a_garbage_collector_finalizer_after_the_clock_are_not_a_speedup(ln_big, prime):
     from tilesmith.records import Candidate
 

@@ -14,7 +14,13 @@ deferred work of the sample's calls outside the clock through two ways that leav
   checks, computed every deferred call in the worker's own Python after the clock (accepted at 1.25×, confirmed
   1.51×). No signal, thread, timer or descriptor.
 
-Both are run by the worker's main thread *between bytecodes or system calls of the worker's own code*, at a moment
+Red team 20 also had a pure-Python way (the static scan passes it): a ``__del__`` of a self-referencing object run
+by the **cyclic garbage collector**, which the candidate's calls left a few allocations short of its threshold, so
+that the worker's own first allocations after the clock set it off (accepted at 2.14×, confirmed 1.91×). So the
+automatic collector is off in the worker for the whole timing run (:func:`start` to :func:`stop`; garbage made
+meanwhile is collected after it), and :func:`seal` reports it switched back on.
+
+All of these are run by the worker's main thread *between bytecodes or system calls of the worker's own code*, at a moment
 the candidate chose by what the worker does there. So instead of looking after the clock (when such code may already
 have run, and put back whatever it changed), the worker **seals** the process *inside* every sample's clock, right
 after its last call returns and before the clock stops (:func:`seal`):
@@ -39,10 +45,13 @@ every sample and at every look (:func:`handlers`): the handler and flags of ever
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import platform
 import threading
 from typing import Any
+
+from tilesmith.gate import hooktables
 
 #: ``rt_sigaction``, ``rt_sigprocmask`` system call numbers by machine (x86-64's table; arm64 uses the generic one).
 _CALLS = {"x86_64": (13, 14), "aarch64": (134, 135), "arm64": (134, 135)}
@@ -65,6 +74,7 @@ class _State:
     before: int | None = None
     sealed = False
     main = threading.main_thread().ident
+    collector: bool | None = None
 
 
 def _setup() -> bool:
@@ -133,6 +143,10 @@ def start() -> int | None:
     free = _pending_free() if threading.get_ident() == _State.main else None
     if free is not None and free >= 0:
         _State.full_free = max(_State.full_free or 0, free)
+    if _State.collector is None:
+        _State.collector = gc.isenabled()
+        hooktables.COLLECTOR_BEFORE[0] = _State.collector
+    gc.disable()
     old = _mask(_SIG_SETMASK, _ALL)
     if _State.before is None:
         _State.before = old
@@ -145,6 +159,10 @@ def stop() -> None:
     if _State.before is not None:
         _mask(_SIG_SETMASK, _State.before)
     _State.sealed = False
+    if _State.collector:
+        gc.enable()
+    _State.collector = None
+    hooktables.COLLECTOR_BEFORE[0] = None
 
 
 def blocked_view(sigblk: str | None) -> str | None:
@@ -165,6 +183,9 @@ def seal() -> list[str]:
     if not _setup():
         return []
     found = []
+    if _State.collector is not None and gc.isenabled():
+        gc.disable()
+        found.append("the garbage collector was switched on during the calls")
     old = _mask(_SIG_SETMASK, _ALL)
     if old is not None and (old | (1 << 8) | (1 << 18)) != _ALL:  # SIGKILL and SIGSTOP are never blocked
         found.append(f"signals unblocked during the calls (mask {old:#x})")
