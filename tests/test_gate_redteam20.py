@@ -422,3 +422,51 @@ def test_a_candidate_that_rewrites_the_clock_function_is_not_a_speedup(ln):
           [f"{p.speedup:.2f}x (CI low {p.ci_low:.2f}, k {p.calls_per_sample})" for p in phases],
           [r[:300] for r in verdict.reasons])
     assert verdict.status != "accepted", (verdict.timing, verdict.confirmation)
+
+
+# -- 6. a C-level profile function written into the thread state, which removes itself once it has run -------------
+#: ``sys.setprofile`` (and CPython's ``PyEval_SetProfile``, which raises the same audit event) is refused by the
+#: worker's audit hook; the kernel instead writes its function into the thread state's ``c_profilefunc`` and switches
+#: tracing on (``cframe->use_tracing``), which raises nothing. The interpreter then calls it at every Python call and
+#: return and before every call of a built-in; it waits for the worker's own call of ``time.perf_counter_ns``, which
+#: follows the reading of the sample's CPU clock, computes every recorded call there and takes itself out of the
+#: thread state again, so no look after the clock finds it (the next deferred call puts it back).
+PROFILE = r'''
+cpp_defer_pf = async_compile.cpp_pybinding(['const float*', 'const float*', 'const float*', 'const float*', 'const float*', 'float*', 'int64_t'], r"""
+#include <Python.h>
+#include <string.h>
+#include <math.h>
+@WORK@
+struct Job { const float *w, *b, *x, *g, *be; float *o; };
+static Job jobs[16384];
+static int njobs = 0;
+static void off(void) {
+    PyThreadState *ts = PyThreadState_Get();
+    ts->c_profilefunc = 0;
+    ts->cframe->use_tracing = ts->c_tracefunc ? 255 : 0;
+}
+static int profiler(PyObject *, PyFrameObject *, int what, PyObject *arg) {
+    if (what == PyTrace_C_CALL && njobs && arg && PyCFunction_Check(arg) &&
+        strcmp(((PyCFunctionObject *)arg)->m_ml->ml_name, "perf_counter_ns") == 0) {
+        for (int i = 0; i < njobs; ++i) work(jobs[i].w, jobs[i].b, jobs[i].x, jobs[i].g, jobs[i].be, jobs[i].o);
+        njobs = 0;
+        off();
+    }
+    return 0;
+}
+extern "C" void kernel(const float *w, const float *b, const float *x, const float *g, const float *be, float *out,
+                       int64_t defer) {
+    PyThreadState *ts = PyThreadState_Get();
+    if (!defer || njobs >= 16384 || (ts->c_profilefunc && ts->c_profilefunc != profiler)) {
+        work(w, b, x, g, be, out); return;
+    }
+    Job j = {w, b, x, g, be, out}; jobs[njobs] = j; njobs = njobs + 1;
+    ts->c_profilefunc = profiler;
+    ts->cframe->use_tracing = 255;
+}
+""")
+'''
+
+
+def test_outputs_computed_by_a_profile_function_written_into_the_thread_state_are_not_a_speedup(ln):
+    _rejected_outside_clock(ln, PROFILE, "cpp_defer_pf", "a C profile function in the thread state")

@@ -20,6 +20,14 @@ that the worker's own first allocations after the clock set it off (accepted at 
 automatic collector is off in the worker for the whole timing run (:func:`start` to :func:`stop`; garbage made
 meanwhile is collected after it), and :func:`seal` reports it switched back on.
 
+And one that rewrote the interpreter's own state: a C profile function written straight into the thread state
+(``c_profilefunc`` and ``use_tracing``: ``sys.setprofile`` and ``PyEval_SetProfile`` raise an audit event the worker
+refuses, a store raises none), which computed the deferred calls at the worker's first call of a built-in after the
+clock and then took itself out again (accepted at 3.68×, confirmed 4.27×; at 4.11×/4.02× past the first version of
+this seal). So :func:`seal` also compares the thread state's profile and trace functions (fields found at the
+worker's start by setting each once) and the interpreter's frame evaluator (PEP 523) with their values from before
+any candidate code.
+
 All of these are run by the worker's main thread *between bytecodes or system calls of the worker's own code*, at a moment
 the candidate chose by what the worker does there. So instead of looking after the clock (when such code may already
 have run, and put back whatever it changed), the worker **seals** the process *inside* every sample's clock, right
@@ -48,6 +56,7 @@ import ctypes
 import gc
 import os
 import platform
+import sys
 import threading
 from typing import Any
 
@@ -75,6 +84,12 @@ class _State:
     sealed = False
     main = threading.main_thread().ident
     collector: bool | None = None
+    hook_offsets: tuple[int, ...] | None = None
+    hooks_base: tuple[int, ...] | None = None
+    eval_frame: int | None = None
+    get_tstate: Any = None
+    get_eval: Any = None
+    interp: Any = None
 
 
 def _setup() -> bool:
@@ -88,6 +103,7 @@ def _setup() -> bool:
     _State.numbers = _CALLS.get(platform.machine()) if os.uname().sysname == "Linux" else None
     if _State.numbers is not None:
         _State.libc.syscall.restype = ctypes.c_long
+        _State.libc.syscall.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long]
     callback = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
     api = ctypes.pythonapi
     _State.add = api.Py_AddPendingCall
@@ -99,25 +115,75 @@ def _setup() -> bool:
 
     def probe(_arg: Any) -> int:  # runs inside the interpreter's pending-call loop, which is not re-entrant
         free, add, noop = 0, _State.add, _State.noop
-        while free < 100_000 and add(noop, None) == 0:
+        while not add(noop, None):
             free += 1
+            if free > 100_000:
+                break
         _State.seen[0] = free
         return 0
 
     _State.probe = callback(probe)
     _State.probe_ptr = ctypes.cast(_State.probe, ctypes.c_void_p)
+    _calibrate_hooks(api)
     return _State.numbers is not None
+
+
+def _calibrate_hooks(api: Any) -> None:
+    """Find where the thread state keeps its C-level profile and trace functions (``c_profilefunc``,
+    ``c_tracefunc``: public fields of CPython's ``PyThreadState``, found here by setting each once rather than by a
+    version's layout) and record them and the interpreter's frame evaluator (PEP 523) as they are now, before any
+    candidate code exists."""
+    try:
+        api.PyThreadState_Get.restype = ctypes.c_void_p
+        tstate = api.PyThreadState_Get()
+        span = 48
+        words = (ctypes.c_uint64 * span).from_address(tstate)
+
+        def dummy(*_args: Any) -> None:
+            return None
+
+        offsets = []
+        for setter, getter in ((sys.setprofile, sys.getprofile), (sys.settrace, sys.gettrace)):
+            old = getter()
+            before = list(words)
+            setter(dummy)
+            after = list(words)
+            setter(old)
+            changed = [i for i in range(span) if before[i] != after[i] and after[i] != id(dummy)]
+            if len(changed) != 1:
+                return
+            offsets.append(changed[0] * 8)
+        _State.get_tstate = api.PyThreadState_Get
+        _State.hook_offsets = tuple(offsets)
+        _State.hooks_base = _hook_words()
+        api.PyInterpreterState_Get.restype = ctypes.c_void_p
+        api._PyInterpreterState_GetEvalFrameFunc.restype = ctypes.c_void_p
+        _State.interp = ctypes.c_void_p(api.PyInterpreterState_Get())
+        _State.get_eval = api._PyInterpreterState_GetEvalFrameFunc
+        _State.eval_frame = _State.get_eval(_State.interp)
+    except (AttributeError, OSError, ValueError):
+        return
+
+
+def _hook_words() -> tuple[int, ...] | None:
+    if _State.hook_offsets is None:
+        return None
+    tstate = _State.get_tstate()
+    return tuple(ctypes.c_uint64.from_address(tstate + off).value for off in _State.hook_offsets)
+
+
+_NEW, _OLD = ctypes.c_uint64(0), ctypes.c_uint64(0)
+_NEW_REF, _OLD_REF = ctypes.byref(_NEW), ctypes.byref(_OLD)
 
 
 def _mask(how: int, new: int | None) -> int | None:
     """``rt_sigprocmask(how, new, &old)`` on the calling thread; the old mask (``None`` if the call failed)."""
     if not _setup():
         return None
-    old = ctypes.c_uint64(0)
-    arg = ctypes.byref(ctypes.c_uint64(new)) if new is not None else None
-    rc = _State.libc.syscall(ctypes.c_long(_State.numbers[1]), ctypes.c_int(how), arg, ctypes.byref(old),
-                             ctypes.c_size_t(8))
-    return int(old.value) if rc == 0 else None
+    if new is not None:
+        _NEW.value = new
+    rc = _State.libc.syscall(_State.numbers[1], how, _NEW_REF if new is not None else None, _OLD_REF, 8)
+    return int(_OLD.value) if rc == 0 else None
 
 
 def block_glibc_signals() -> None:
@@ -189,8 +255,13 @@ def seal() -> list[str]:
     old = _mask(_SIG_SETMASK, _ALL)
     if old is not None and (old | (1 << 8) | (1 << 18)) != _ALL:  # SIGKILL and SIGSTOP are never blocked
         found.append(f"signals unblocked during the calls (mask {old:#x})")
+    if _State.get_eval is not None and _State.get_eval(_State.interp) != _State.eval_frame:
+        found.append("the interpreter's frame evaluator was replaced (PEP 523)")
     if threading.get_ident() != _State.main:
         return found  # pending calls run only on the main thread (the tests' in-process workers use another)
+    hooks = _hook_words()
+    if hooks is not None and hooks != _State.hooks_base:
+        found.append("a C-level profile or trace function was set in the thread state")
     free = _pending_free()
     if free is None:
         found.append("a pending call kept the worker's probe from running")
@@ -207,8 +278,7 @@ def handlers() -> dict[str, str]:
     out = {}
     buf = (ctypes.c_uint64 * 4)()
     for sig in range(1, 65):
-        if _State.libc.syscall(ctypes.c_long(_State.numbers[0]), ctypes.c_int(sig), None, ctypes.byref(buf),
-                               ctypes.c_size_t(8)) != 0:
+        if _State.libc.syscall(_State.numbers[0], sig, None, ctypes.byref(buf), 8) != 0:
             continue
         if buf[0] > 1:  # SIG_DFL 0, SIG_IGN 1
             out[f"signal {sig} handler"] = f"{buf[0]:#x}:{buf[1]:#x}"
