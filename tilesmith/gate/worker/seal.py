@@ -105,7 +105,7 @@ def _setup() -> bool:
         _State.libc.syscall.restype = ctypes.c_long
         _State.libc.syscall.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long]
     callback = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
-    api = ctypes.pythonapi
+    api = ctypes.PyDLL(None)  # a handle of its own: argument types set here change no one else's ctypes.pythonapi
     _State.add = api.Py_AddPendingCall
     _State.add.argtypes, _State.add.restype = [ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int
     _State.make = api.Py_MakePendingCalls
