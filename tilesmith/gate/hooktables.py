@@ -39,6 +39,9 @@ import warnings
 from typing import Any
 
 _MISSING = object()
+#: ``[gc.isenabled()]`` from before a gate worker's timing run while the worker holds the collector off for that run
+#: (``tilesmith.gate.worker.seal``, red team 20), else ``[None]``: what :func:`hook_values` reports meanwhile.
+COLLECTOR_BEFORE: list[bool | None] = [None]
 
 
 def _label(obj: Any) -> str:
@@ -202,7 +205,8 @@ def hook_values(signals: bool = True, containers: dict[str, Any] | None = None,
     if ncallbacks is not None:
         out["atexit._ncallbacks()"] = int(ncallbacks())
     out["gc.callbacks"] = Same(gc.callbacks)
-    out["gc.isenabled()"] = gc.isenabled()
+    held = COLLECTOR_BEFORE[0]
+    out["gc.isenabled()"] = held if held is not None and not gc.isenabled() else gc.isenabled()
     out["gc.get_threshold()"] = repr(gc.get_threshold())
     out["copyreg.dispatch_table"] = Keeps(copyreg.dispatch_table)
     out.update(logging_values())

@@ -89,6 +89,10 @@ def main() -> int:
     from tilesmith.gate.worker import outside
 
     outside.block_async_signals()
+    # glibc's own signals 32 and 33 too, which its sigmask wrappers leave open (red team 20; worker.seal).
+    from tilesmith.gate.worker import seal
+
+    seal.block_glibc_signals()
     # Before any candidate code exists here: native code must not reach other processes (the host, the trusted
     # worker, the zygote) through ptrace-checked access such as /proc/<pid>/mem, nor write outside this worker's
     # folder, the working directory the host (or the zygote's child setup) gave it (tilesmith.gate.worker.confine).

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from tilesmith.gate import inputs, layout, pools, protocol, retained, sidefx, torchstate
-from tilesmith.gate.worker import audit, bindings, imports, outside
+from tilesmith.gate.worker import audit, bindings, imports, outside, seal
 from tilesmith.gate.worker import runtime as worker_runtime
 from tilesmith.gate.worker import timing as worker_timing
 from tilesmith.gate.worker.bindings import T, against_expected, compact_cpu, fast_saves
@@ -227,7 +227,7 @@ class Worker:
                   ("worker_runtime", vars(worker_runtime)), ("torchstate", vars(torchstate)),
                   ("protocol", vars(protocol)), ("layout", vars(layout)), ("inputs", vars(inputs)),
                   ("T", vars(T)), ("worker_timing", vars(worker_timing)), ("audit", vars(audit)),
-                  ("bindings", vars(bindings)), ("retained", vars(retained))]
+                  ("bindings", vars(bindings)), ("retained", vars(retained)), ("seal", vars(seal))]
         for loaded in self.modules.values():
             if loaded.trusted:
                 spaces.append((f"module[{loaded.name}]", loaded.namespace))

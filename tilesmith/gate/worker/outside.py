@@ -21,10 +21,11 @@ The worker's own code between its samples never needs a signal, a thread or a pr
 - :func:`session_processes` counts the processes in the worker's session besides itself once the timing warm-up
   is over and the filter is on: any still alive could work through the run unseen.
 
-Not covered (docs/gate.md, red team 19): a handler that *replaces* one the process already catches (Python's
-``SIGINT``, blocked here; glibc's internal signal 33, which glibc does not let a mask hold) fired from a source
-other than a timer or an ``O_ASYNC`` descriptor (a lease, ``F_NOTIFY``); a synchronous signal handler where one
-was already installed at the baseline (``PYTHONFAULTHANDLER``).
+Red team 20 (:mod:`.seal`): a handler that *replaced* one the process already catches (glibc's signal 33, fired by
+``F_NOTIFY``; a ``SIGSEGV`` handler in ``faulthandler``'s place) kept ``SigCgt`` as it was, and code run between the
+worker's own bytecodes (a pending call, a garbage-collector finalizer) needs no signal at all; :mod:`.seal` blocks
+every signal and probes the pending-call queue *inside* the clock, and :func:`snapshot` also compares every signal's
+handler address (:func:`.seal.handlers`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any
 
 from tilesmith import _proc
 from tilesmith.gate.protocol import OUTSIDE_CLOCK
+from tilesmith.gate.worker import seal
 
 #: Signals delivered at a fault in the thread that caused it (a mask cannot hold them back), plus the two no mask
 #: holds; every other signal is asynchronous.
@@ -101,8 +103,9 @@ def snapshot(threads: bool = False) -> dict[str, Any]:
     if not status:
         return {}
     facts: dict[str, Any] = {"signals caught (SigCgt)": status.get("SigCgt"),
-                             "signals blocked (SigBlk)": status.get("SigBlk"),
+                             "signals blocked (SigBlk)": seal.blocked_view(status.get("SigBlk")),
                              "timers armed": _timers(), "descriptors signalling on I/O (O_ASYNC)": _async_fds()}
+    facts.update(seal.handlers())  # a replaced handler (red team 20: glibc's signal 33), which SigCgt does not show
     if threads:
         try:
             facts["OS threads"] = len(os.listdir("/proc/self/task"))

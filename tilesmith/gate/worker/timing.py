@@ -48,7 +48,7 @@ import torch
 from tilesmith.gate.inputs import distinct_capacity, fill_set, static_indices
 from tilesmith.gate.layout import plain_sequence
 from tilesmith.gate.protocol import OUTSIDE_CLOCK
-from tilesmith.gate.worker import confine, outside
+from tilesmith.gate.worker import confine, outside, seal
 from tilesmith.gate.worker.bindings import T, against_expected, compact_cpu, not_plain, save_new
 from tilesmith.gate.worker.runtime import InputSet, memory_facts, sync
 
@@ -82,8 +82,10 @@ class _Session:
 _STATE: dict[str, _Session | None] = {"session": None}
 
 
-def _timed(device: torch.device, flush: torch.Tensor, fn: Any, argsets: list[list[Any]]) -> tuple[float, float, list[Any]]:
-    """One sample: ``fn`` once per argument list, every output kept until the clock has stopped.
+def _timed(device: torch.device, flush: torch.Tensor, fn: Any,
+           argsets: list[list[Any]]) -> tuple[float, float, list[Any], list[str]]:
+    """One sample: ``fn`` once per argument list, every output kept until the clock has stopped; also what
+    :func:`.seal.seal` found, run inside the clock right after the last call (red team 20).
 
     CUDA: the calls are **isolated**: the whole device is synchronized after each call, so a sample is the sum of
     the calls' latencies as a caller that waits for each result sees them (the host's launch work for the call
@@ -103,6 +105,7 @@ def _timed(device: torch.device, flush: torch.Tensor, fn: Any, argsets: list[lis
         for j, args in enumerate(argsets):
             outs[j] = fn(args)
             T.cuda_sync(device)
+        sealed = seal.seal()
         T.event_record(end)
         T.event_sync(end)
         ms = T.elapsed(start, end)
@@ -110,9 +113,10 @@ def _timed(device: torch.device, flush: torch.Tensor, fn: Any, argsets: list[lis
         t0 = T.cpu_ns()
         for j, args in enumerate(argsets):
             outs[j] = fn(args)
+        sealed = seal.seal()
         ms = (T.cpu_ns() - t0) / 1e6
     wall = (T.perf_ns() - wall0) / 1e6
-    return ms, wall, outs
+    return ms, wall, outs, sealed
 
 
 def _no_call(args: list[Any]) -> None:
@@ -121,11 +125,12 @@ def _no_call(args: list[Any]) -> None:
 
 def _prepare(worker: Any, msg: dict[str, Any]) -> dict[str, Any]:
     _STATE["session"] = None
+    seal.start()  # every signal blocked in the main thread until the run's end, the pending-call queue measured
     device = worker.device
     flush = torch.empty(int(msg["flush_bytes"]), dtype=torch.uint8, device=device)
     # The clock's own machinery once, before the baseline, so that whatever the runtime starts lazily for it (an
     # event's first record or synchronize) is not counted as the candidate's; the candidate's calls come after it.
-    _timed(device, flush, _no_call, [[]])
+    sealed: list[str] = list(_timed(device, flush, _no_call, [[]])[3])
     start = outside.snapshot(threads=True)
     # Arm indices are the host's (positions in the schedule's arm list); this worker holds some of them.
     arms = {int(a): worker.modules[name] for a, name in dict(msg["arms"]).items()}
@@ -141,14 +146,20 @@ def _prepare(worker: Any, msg: dict[str, Any]) -> dict[str, Any]:
         for a, arm in arms.items():
             spent, calls = 0.0, 0
             while calls < 3 or spent < warm_ms:
-                ms, _, outs = _timed(device, flush, arm.fn, [first.args()])
+                ms, _, outs, found = _timed(device, flush, arm.fn, [first.args()])
+                sealed += found
                 out_bytes = max(out_bytes, storage_bytes(outs[0]))
                 del outs
                 spent += ms
                 calls += 1
                 if calls >= 1000:
                     break
-            singles = [_timed(device, flush, arm.fn, [first.args()])[0] for _ in range(3)]
+            singles = []
+            for _ in range(3):
+                ms, _, outs, found = _timed(device, flush, arm.fn, [first.args()])
+                singles.append(ms)
+                sealed += found
+                del outs
             estimates[str(a)] = max(statistics.median(singles), 1e-4)
     _STATE["session"] = _Session(arms, pool, first, flush, static, start)
     # From here on a candidate's process starts no process (threads stay possible and are counted): work a child
@@ -158,6 +169,7 @@ def _prepare(worker: Any, msg: dict[str, Any]) -> dict[str, Any]:
     alive, before = outside.session_processes(), int(getattr(worker, "base_processes", 0))
     found = {f"{OUTSIDE_CLOCK}processes in the worker's session after the timing warm-up": [before, alive]} \
         if alive > before else {}
+    found.update({f"{OUTSIDE_CLOCK}{what} (timing warm-up)": [None, True] for what in sorted(set(sealed))})
     return {"ok": True, "estimates_ms": estimates, "static_inputs": list(static), "new_processes": processes,
             **({"state_changes": found} if found else {}),
             "set_bytes": storage_bytes(first.values, skip=static),  # what each further set adds (static: once)
@@ -219,10 +231,12 @@ def _sample(worker: Any, msg: dict[str, Any]) -> dict[str, Any]:
     argsets = [iset.args() for iset in session.sets]
     with T.no_grad():
         T.manual_seed(int(msg.get("seed", r)))
-        ms, wall, outs = _timed(worker.device, session.flush, session.arms[a].fn, argsets)
+        ms, wall, outs, sealed = _timed(worker.device, session.flush, session.arms[a].fn, argsets)
     # Right after the clock: a thread, a signal handler or a timer left by the calls could still compute their
-    # outputs before the release copies one out, in no sample (red team 19).
+    # outputs before the release copies one out, in no sample (red team 19); what the seal inside the clock found
+    # (red team 20).
     found = outside.changes(session.start, outside.snapshot(threads=True), f"after timing sample {r}, arm {a}")
+    found.update({f"{OUTSIDE_CLOCK}{what} (timing sample {r}, arm {a})": [None, True] for what in sealed})
     # Every call's result, picked or not, after the clock: a tuple subclass could do its work when read.
     odd = next(((j, why) for j, why in enumerate(map(not_plain, outs)) if why), None)
     if odd is not None and session.refused is None:
@@ -244,6 +258,7 @@ def _finish(worker: Any, msg: dict[str, Any]) -> dict[str, Any]:
         raise RuntimeError("the timing run was finished before it started")
     _copy_out(worker, session, msg.get("copy", []))
     _STATE["session"] = None
+    seal.stop()
     answer: dict[str, Any] = {"ok": True, "keys": session.keys}
     if session.refused:
         answer["spot_refused"] = session.refused
