@@ -473,3 +473,33 @@ extern "C" void kernel(const float *w, const float *b, const float *x, const flo
 
 def test_outputs_computed_by_a_profile_function_written_into_the_thread_state_are_not_a_speedup(ln):
     _rejected_outside_clock(ln, PROFILE, "cpp_defer_pf", "a C profile function in the thread state")
+
+
+def test_the_host_reads_a_workers_cpu_time_from_the_kernel_not_from_the_worker():
+    """The host's own clock of another process (``process.cpu_clock_ms``), what a fix of the clock rewrite above
+    builds on and what each CPU timing phase records (``timing_raw.kernel_cpu``): it counts a busy child's work to
+    well under a millisecond and nothing while the child sleeps, whatever the child does to its own clock."""
+    import subprocess
+    import sys
+    import time
+
+    from tilesmith.gate.host.process import cpu_clock_ms
+
+    child = subprocess.Popen([sys.executable, "-c", "import sys, time\nsys.stdin.readline()\nt = time.process_time()\n"
+                              "while time.process_time() - t < 0.3: pass\nprint('done', flush=True)\n"
+                              "sys.stdin.readline()\n"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1.0)
+        idle0 = cpu_clock_ms(child.pid)
+        time.sleep(0.2)
+        idle1 = cpu_clock_ms(child.pid)
+        assert idle0 is not None and idle1 - idle0 < 1.0  # blocked on its stdin: no CPU time
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "done"
+        busy = cpu_clock_ms(child.pid) - idle1
+        assert 300.0 <= busy < 400.0, busy  # its 0.3 s of CPU time, plus the print
+    finally:
+        child.kill()
+        child.wait()
+    assert cpu_clock_ms(child.pid) is None  # gone

@@ -360,7 +360,7 @@ def _run(result: PhaseResult, worker: WorkerProcess, candidate_source: str, refe
                                                    f"{str(err.get('message'))[:600]}{detail}"))
         return
     rec["timing_raw"] = {k: answer.get(k) for k in ("calls_per_sample", "estimates_ms", "walls_ms", "method",
-                                                    "host_ms", "host_cpu_ms")}
+                                                    "host_ms", "host_cpu_ms", "kernel_cpu")}
     result.failures += answers.global_failures(answer, "the timed calls")
     result.failures += _os_failures(worker, cfg, "its timed calls", rec)
     inconsistent = timing.consistency_failure(answer)

@@ -171,6 +171,18 @@ def process_cpu_ms(pid: int) -> float | None:
         return None
 
 
+def cpu_clock_ms(pid: int) -> float | None:
+    """CPU time (every thread, exact to the nanosecond) process ``pid`` has used so far, in ms, read by the host from
+    the kernel's process CPU-time clock (``clock_gettime`` on ``MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED)``, what
+    glibc's ``clock_getcpuclockid`` returns): no code in that process can change what it answers, unlike the
+    worker's own reading of its clock, which a candidate's native code can rewrite in the worker's memory (red
+    team 20). ``None`` where the clock is unavailable or the process is gone."""
+    try:
+        return time.clock_gettime_ns(((~int(pid)) << 3) | 2) / 1e6
+    except (OSError, OverflowError, AttributeError, ValueError):
+        return None
+
+
 class WorkerProcess:
     """One running worker. Not thread-safe; one request in flight at a time is the normal use.
 
