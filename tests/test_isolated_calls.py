@@ -39,7 +39,7 @@ def test_a_gate_sample_synchronizes_the_device_after_every_call(monkeypatch):
         log.append(f"call {args[0]}")
         return [args[0]]
 
-    ms, _, outs = worker_timing._timed(torch.device("cuda"), torch.zeros(4), fn, [[0], [1], [2]])
+    ms, _, outs, _ = worker_timing._timed(torch.device("cuda"), torch.zeros(4), fn, [[0], [1], [2]])
 
     assert log == ["sync before", "event start", "call 0", "sync", "call 1", "sync", "call 2", "sync", "event end"]
     assert ms == 1.0 and outs == [[0], [1], [2]]  # every output kept until the clock stopped
